@@ -1,0 +1,59 @@
+// Index conversion: the entry point and the CPU implementation.
+#include "convert_index.h"
+
+namespace dsa {
+
+void convert_index_cpu(const ConvertIndexArgs& a) {
+  const int64_t K = a.token_indices.cols;
+  for (int64_t t = 0; t < a.token_indices.rows; ++t) {
+    const ConvertRow row = convert_row(a, t);
+    int64_t count = 0;
+    for (int64_t c = 0; c < K; ++c) {
+      const int32_t slot = convert_token(a, row, a.token_indices(t, c));
+      if (!a.compact) {
+        a.out(t, c) = slot;
+        count += slot >= 0;
+      } else if (slot >= 0) {
+        a.out(t, count++) = slot;  // count <= c: never overwrites an unread input column
+      }
+    }
+    if (a.compact) {
+      for (int64_t c = count; c < K; ++c) a.out(t, c) = -1;
+    }
+    if (a.valid_counts.present()) a.valid_counts[t] = static_cast<int32_t>(count);
+  }
+}
+
+void convert_req_index_to_global_index(const Desc1& req_id, const Desc2& block_table,
+                                       const Desc2& token_indices, int64_t block_size,
+                                       int64_t block_stride, int64_t world, int64_t rank,
+                                       int64_t interleave, bool compact, const Desc2& out,
+                                       const Desc1& valid_counts, const Desc1& idx_mapping,
+                                       const Desc1& prefill_request_id,
+                                       const Desc1& workspace_starts,
+                                       int64_t workspace_rank_stride, int64_t device,
+                                       int64_t stream) {
+  ConvertIndexArgs a;
+  a.req_id = Strided1D<const int32_t>(req_id);
+  a.block_table = Strided2D<const int32_t>(block_table);
+  a.token_indices = Strided2D<const int32_t>(token_indices);
+  a.out = Strided2D<int32_t>(out);
+  a.valid_counts = Strided1D<int32_t>(valid_counts);
+  a.idx_mapping = Strided1D<const int32_t>(idx_mapping);
+  a.prefill_request_id = Strided1D<const int32_t>(prefill_request_id);
+  a.workspace_starts = Strided1D<const int32_t>(workspace_starts);
+  a.workspace_rank_stride = workspace_rank_stride;
+  a.by_block_size = FastDiv(static_cast<uint32_t>(block_size));
+  a.block_stride = block_stride;
+  a.dcp = DcpLayout(static_cast<int32_t>(world), static_cast<int32_t>(interleave));
+  a.rank = static_cast<int32_t>(rank);
+  a.compact = compact;
+  const Place place{device, stream};
+  if (place.on_cuda()) {
+    convert_index_cuda(a, place);
+  } else {
+    convert_index_cpu(a);
+  }
+}
+
+}  // namespace dsa

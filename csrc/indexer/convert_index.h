@@ -1,0 +1,105 @@
+// Index conversion: request-local token ids -> physical paged-KV slots (spec section 2).
+//
+// The per-element rule (convert_token) is shared by the CPU loop and the CUDA kernel.
+#pragma once
+
+#include <cstdint>
+
+#include "../common/dcp_math.h"
+#include "../common/launch.h"
+#include "../common/strided.h"
+
+namespace dsa {
+
+/*!
+ * \brief Everything one conversion needs, prepared on the host.
+ *
+ * Optional tensors have a null data pointer. All tensors are int32.
+ */
+struct ConvertIndexArgs {
+  Strided1D<const int32_t> req_id;              // [T]
+  Strided2D<const int32_t> block_table;         // [R, NB]
+  Strided2D<const int32_t> token_indices;       // [T, K]
+  Strided2D<int32_t> out;                       // [T, K]
+  Strided1D<int32_t> valid_counts;              // [T] or absent
+  Strided1D<const int32_t> idx_mapping;         // [>= max req_id + 1] or absent
+  Strided1D<const int32_t> prefill_request_id;  // [T] or absent
+  Strided1D<const int32_t> workspace_starts;    // [P] or absent
+  int64_t workspace_rank_stride = 0;
+  FastDiv by_block_size;
+  int64_t block_stride = 0;
+  DcpLayout dcp;
+  int32_t rank = 0;
+  bool compact = false;
+};
+
+/*!
+ * \brief Per-row context: which request (or prefill workspace) row t reads.
+ * \note  An out-of-range request id (or idx_mapping entry) makes the whole row invalid,
+ *        never an out-of-bounds read. A negative mapped request is "no request" (-1 row),
+ *        not request 0 as in the reference server.
+ */
+struct ConvertRow {
+  const int32_t* table_row = nullptr;  // null: no valid request
+  int64_t workspace_base = -1;         // >= 0: prefill workspace row
+};
+
+DSA_HD ConvertRow convert_row(const ConvertIndexArgs& a, int64_t t) {
+  ConvertRow row;
+  if (a.prefill_request_id.present()) {
+    const int32_t pid = a.prefill_request_id[t];
+    if (pid >= 0) {
+      if (pid < a.workspace_starts.size) row.workspace_base = a.workspace_starts[pid];
+      return row;  // prefill row: the block table is not used
+    }
+  }
+  int64_t req = a.req_id[t];
+  if (a.idx_mapping.present()) {
+    req = (req >= 0 && req < a.idx_mapping.size) ? a.idx_mapping[req] : -1;
+  }
+  if (req >= 0 && req < a.block_table.rows) row.table_row = a.block_table.row(req);
+  return row;
+}
+
+/*!
+ * \brief Slot of token position `tok` for one row, or -1.
+ *
+ * Invalid: tok < 0; another rank owns tok (decode rows); block index past the table;
+ * a block-table entry or workspace base that makes the slot negative or >= 2^31.
+ */
+DSA_HD int32_t convert_token(const ConvertIndexArgs& a, const ConvertRow& row, int32_t tok) {
+  if (tok < 0) return -1;
+  const int32_t q = a.dcp.world == 1 ? tok : a.dcp.local(tok);
+  int64_t slot;
+  if (row.workspace_base >= 0) {
+    const int32_t owner = a.dcp.world == 1 ? 0 : a.dcp.owner(tok);
+    slot = owner * a.workspace_rank_stride + row.workspace_base + q;
+  } else {
+    if (row.table_row == nullptr) return -1;
+    if (a.dcp.world != 1 && a.dcp.owner(tok) != a.rank) return -1;
+    const uint32_t blk = a.by_block_size.div(static_cast<uint32_t>(q));
+    if (blk >= static_cast<uint64_t>(a.block_table.cols)) return -1;
+    const int64_t base = row.table_row[blk * a.block_table.col_stride];
+    slot = base * a.block_stride + (q - static_cast<int64_t>(blk) * a.by_block_size.d);
+  }
+  return (slot >= 0 && slot <= INT32_MAX) ? static_cast<int32_t>(slot) : -1;
+}
+
+void convert_index_cpu(const ConvertIndexArgs& args);
+void convert_index_cuda(const ConvertIndexArgs& args, const Place& place);
+
+/*!
+ * \brief Entry point bound to Python: builds the arguments from the descriptors the
+ *        (already validated) Python layer passes and runs on the CPU or the device.
+ */
+void convert_req_index_to_global_index(const Desc1& req_id, const Desc2& block_table,
+                                       const Desc2& token_indices, int64_t block_size,
+                                       int64_t block_stride, int64_t world, int64_t rank,
+                                       int64_t interleave, bool compact, const Desc2& out,
+                                       const Desc1& valid_counts, const Desc1& idx_mapping,
+                                       const Desc1& prefill_request_id,
+                                       const Desc1& workspace_starts,
+                                       int64_t workspace_rank_stride, int64_t device,
+                                       int64_t stream);
+
+}  // namespace dsa

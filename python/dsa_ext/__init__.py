@@ -1,0 +1,17 @@
+"""dsa_ext: ahead-of-time compiled CUDA ops for the DeepSeek Sparse Attention indexer.
+
+Importing needs no GPU, no driver and no compiler: every kernel is compiled into the
+wheel (SASS for sm_90a and sm_100a) and nothing is compiled at run time.
+"""
+from . import _C
+from .kv_index import convert_req_index_to_global_index, safe_lengths
+
+__version__ = _C.__version__
+#: CUDA architectures with machine code in this build, e.g. ("90a-real", "100a-real").
+cuda_archs = tuple(_C.cuda_archs.split(","))
+
+__all__ = [
+    "convert_req_index_to_global_index",
+    "safe_lengths",
+    "cuda_archs",
+]

@@ -1,0 +1,84 @@
+"""Argument validation shared by every public op.
+
+Each check names the argument, the rule and the value it got. Dtype and type problems
+raise TypeError, everything else ValueError. Nothing here reads tensor data (that would
+be a host sync); data-dependent faults are the kernels' business (they write -1).
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+
+INT32_MAX = 2**31 - 1
+
+
+def tensor(
+    name: str,
+    t,
+    dtype: Optional[torch.dtype] = None,
+    ndim: Optional[int] = None,
+    device: Optional[torch.device] = None,
+) -> torch.Tensor:
+    """Check that `t` is a tensor with the given dtype, rank and device."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if dtype is not None and t.dtype != dtype:
+        raise TypeError(f"{name} must be {_dtype_name(dtype)}, got {t.dtype}")
+    if ndim is not None and t.dim() != ndim:
+        raise ValueError(f"{name} must be {ndim}-D, got shape {tuple(t.shape)}")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name} must be on {device} like the other inputs, got {t.device}")
+    if t.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"{name} must be on a CPU or CUDA device, got {t.device}")
+    return t
+
+
+def optional_tensor(name: str, t, dtype=None, ndim=None, device=None):
+    return None if t is None else tensor(name, t, dtype, ndim, device)
+
+
+def shape(name: str, t: torch.Tensor, expected: Sequence[int]) -> None:
+    if tuple(t.shape) != tuple(expected):
+        raise ValueError(f"{name} must have shape {tuple(expected)}, got {tuple(t.shape)}")
+
+
+def dim_at_least(name: str, t: torch.Tensor, dim: int, minimum: int) -> None:
+    if t.shape[dim] < minimum:
+        raise ValueError(
+            f"{name} must have at least {minimum} entries along dim {dim}, "
+            f"got shape {tuple(t.shape)}")
+
+
+def integer(name: str, value, minimum: Optional[int] = None,
+            maximum: Optional[int] = INT32_MAX) -> int:
+    """Check a Python int (bool is refused) against an inclusive range."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name} must be <= {maximum}, got {value}")
+    return value
+
+
+def dcp_layout(world_size, rank, interleave, block_size: Optional[int] = None) -> None:
+    """Check a DCP layout (spec section 1): W >= 1, 0 <= rank < W, I >= 1, BS % I == 0."""
+    integer("dcp_world_size", world_size, 1)
+    integer("interleave", interleave, 1)
+    if rank is not None:
+        integer("dcp_rank", rank, 0)
+        if rank >= world_size:
+            raise ValueError(
+                f"dcp_rank must be < dcp_world_size ({world_size}), got {rank}")
+    if world_size * interleave > INT32_MAX:
+        raise ValueError(
+            f"dcp_world_size * interleave must be < 2^31, got {world_size} * {interleave}")
+    if block_size is not None and block_size % interleave != 0:
+        raise ValueError(
+            f"block_size ({block_size}) must be a multiple of interleave ({interleave}): "
+            "an interleave group may not straddle a KV block")
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")

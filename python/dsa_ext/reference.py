@@ -1,0 +1,103 @@
+"""Plain torch reference implementations: the executable spec.
+
+Written for clarity, not speed; used by the tests and by ``python -m dsa_ext``. Each
+function follows a section of the op contracts (spec/ops.md) line by line and works on
+CPU tensors (int64 arithmetic throughout, so nothing here can overflow).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+Tensor = torch.Tensor
+
+# ---------------------------------------------------------------------------------------
+# Section 1: DCP ownership math
+# ---------------------------------------------------------------------------------------
+
+
+def dcp_owner(p, world: int, interleave: int):
+    """Rank that owns global position p."""
+    return (p // interleave) % world
+
+
+def dcp_local_position(p, world: int, interleave: int):
+    """Position of p inside its owner's shard."""
+    return (p // (world * interleave)) * interleave + p % interleave
+
+
+def dcp_global_position(q, rank: int, world: int, interleave: int):
+    """Inverse of dcp_local_position on rank `rank`."""
+    return (q // interleave) * (world * interleave) + rank * interleave + q % interleave
+
+
+def dcp_local_length(L, rank: int, world: int, interleave: int):
+    """Number of positions in [0, L) owned by `rank`."""
+    base = (L // (interleave * world)) * interleave
+    rem = L - base * world
+    if isinstance(rem, Tensor):
+        return base + (rem - rank * interleave).clamp(0, interleave)
+    return base + min(max(rem - rank * interleave, 0), interleave)
+
+
+# ---------------------------------------------------------------------------------------
+# Section 2: index conversion
+# ---------------------------------------------------------------------------------------
+
+
+def convert_req_index_to_global_index(
+    req_id: Tensor, block_table: Tensor, token_indices: Tensor, block_size: int, *,
+    block_stride: Optional[int] = None, dcp_world_size: int = 1, dcp_rank: int = 0,
+    interleave: int = 1, compact: bool = False, idx_mapping: Optional[Tensor] = None,
+    prefill_request_id: Optional[Tensor] = None,
+    prefill_workspace_starts: Optional[Tensor] = None,
+    prefill_workspace_rank_stride: int = 0,
+) -> tuple[Tensor, Tensor]:
+    """Returns (slots int32 [T, K], valid counts int32 [T])."""
+    W, r, I = dcp_world_size, dcp_rank, interleave
+    stride = block_size if block_stride is None else block_stride
+    tok = token_indices.long()
+    T, K = tok.shape
+    R, NB = block_table.shape
+
+    # Which block-table row each token row reads; out of range -> no request.
+    req = req_id.long()
+    if idx_mapping is not None:
+        req = _gather_or(idx_mapping.long(), req, -1)
+    req_ok = (req >= 0) & (req < R)
+
+    owner = dcp_owner(tok, W, I)
+    q = dcp_local_position(tok, W, I)
+    blk = q // block_size
+    valid = (tok >= 0) & (owner == r) & (blk < NB) & req_ok[:, None]
+    table = _gather_or(block_table.long().reshape(-1), req[:, None] * NB + blk, 0)
+    slot = table * stride + q % block_size
+
+    if prefill_request_id is not None:
+        pid = prefill_request_id.long()
+        starts = _gather_or(prefill_workspace_starts.long(), pid, -1)
+        ws_slot = owner * prefill_workspace_rank_stride + starts[:, None] + q
+        ws_valid = (tok >= 0) & (starts[:, None] >= 0)
+        is_prefill = (pid >= 0)[:, None]
+        slot = torch.where(is_prefill, ws_slot, slot)
+        valid = torch.where(is_prefill, ws_valid, valid)
+
+    valid &= (slot >= 0) & (slot < 2**31)
+    slot = torch.where(valid, slot, torch.full_like(slot, -1))
+    counts = valid.sum(dim=1).to(torch.int32)
+    if compact:
+        out = torch.full((T, K), -1, dtype=torch.int64)
+        for t in range(T):
+            kept = slot[t][valid[t]]  # boolean indexing keeps column order
+            out[t, : kept.numel()] = kept
+        slot = out
+    return slot.to(torch.int32), counts
+
+
+def _gather_or(values: Tensor, index: Tensor, fill: int) -> Tensor:
+    """values[index] where 0 <= index < len(values), else `fill`."""
+    inside = (index >= 0) & (index < values.shape[0])
+    safe = torch.where(inside, index, torch.zeros_like(index))
+    picked = values[safe] if values.shape[0] else torch.zeros_like(index)
+    return torch.where(inside, picked, torch.full_like(index, fill))
