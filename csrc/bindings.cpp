@@ -3,6 +3,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include "dcp/stable_topk.h"
 #include "indexer/convert_index.h"
 
 namespace py = pybind11;
@@ -14,4 +15,6 @@ PYBIND11_MODULE(_C, m) {
 
   // Spec section 2: top-K token ids -> paged-KV slots (DCP de-interleave, compaction).
   m.def("convert_req_index_to_global_index", &dsa::convert_req_index_to_global_index);
+  // Spec section 6c: exact stable top-K of packed DCP candidates (CuTeDSL cubin on CUDA).
+  m.def("stable_topk_from_candidates", &dsa::stable_topk_from_candidates);
 }

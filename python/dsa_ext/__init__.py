@@ -5,6 +5,7 @@ wheel (SASS for sm_90a and sm_100a) and nothing is compiled at run time.
 """
 from . import _C
 from .kv_index import convert_req_index_to_global_index, safe_lengths
+from .topk import stable_topk_from_candidates
 
 __version__ = _C.__version__
 #: CUDA architectures with machine code in this build, e.g. ("90a-real", "100a-real").
@@ -13,5 +14,6 @@ cuda_archs = tuple(_C.cuda_archs.split(","))
 __all__ = [
     "convert_req_index_to_global_index",
     "safe_lengths",
+    "stable_topk_from_candidates",
     "cuda_archs",
 ]

@@ -101,3 +101,53 @@ def _gather_or(values: Tensor, index: Tensor, fill: int) -> Tensor:
     safe = torch.where(inside, index, torch.zeros_like(index))
     picked = values[safe] if values.shape[0] else torch.zeros_like(index)
     return torch.where(inside, picked, torch.full_like(index, fill))
+
+
+# ---------------------------------------------------------------------------------------
+# Section 6: DCP top-K merge
+# ---------------------------------------------------------------------------------------
+
+_TOP_BIT = -(2**63)  # int64 with only bit 63 set
+
+
+def encode_candidate_keys(scores: Tensor, gids: Tensor) -> Tensor:
+    """Pack (fp32 score, int32 global id) pairs into int64 candidate keys (spec 6a).
+
+    The int64 holds the bits of the unsigned key
+    ``(ordered(bits(score)) << 32) | (~gid & 0xFFFFFFFF)``, with
+    ``ordered(u) = ~u if u & 0x80000000 else u | 0x80000000``; invalid ids (gid < 0)
+    give key 0. Larger unsigned key = better candidate.
+    """
+    u = scores.to(torch.float32).contiguous().view(torch.int32).long() & 0xFFFFFFFF
+    ordered = torch.where(u >= 2**31, u ^ 0xFFFFFFFF, u | 0x80000000)  # in [0, 2^32)
+    hi = torch.where(ordered >= 2**31, ordered - 2**32, ordered)  # same bits as int32
+    g = gids.long()
+    key = hi * 2**32 + ((~g) & 0xFFFFFFFF)  # the int64 with bits (ordered << 32) | ~gid
+    return torch.where(g < 0, torch.zeros_like(key), key)
+
+
+def decode_candidate_keys(keys: Tensor) -> Tensor:
+    """Global ids of int64 candidate keys: -1 for key 0, else the int32 ~(low 32 bits)."""
+    low = (~keys.long()) & 0xFFFFFFFF
+    gid = torch.where(low >= 2**31, low - 2**32, low)
+    return torch.where(keys == 0, torch.full_like(gid, -1), gid).to(torch.int32)
+
+
+def stable_topk_from_candidates(candidates: Tensor, k: int) -> Tensor:
+    """Global ids of each row's k largest keys, largest first; -1 past the candidates.
+
+    candidates: int64 ``[rows, N]`` or ``[W, rows, K]`` (row r: ``candidates[:, r, :]``).
+    Keys compare as unsigned 64-bit integers: flipping the top bit makes the signed int64
+    order equal to that order. Equal keys are identical candidates, so ties cannot show.
+    """
+    if candidates.dim() == 3:
+        W, rows, K = candidates.shape
+        candidates = candidates.permute(1, 0, 2).reshape(rows, W * K)  # rank-major
+    rows, n = candidates.shape
+    signed = candidates.long() ^ _TOP_BIT
+    ordered, _ = torch.sort(signed, dim=1, descending=True, stable=True)
+    keys = ordered[:, :k] ^ _TOP_BIT
+    ids = decode_candidate_keys(keys)
+    if k > n:
+        ids = torch.cat([ids, torch.full((rows, k - n), -1, dtype=torch.int32)], dim=1)
+    return ids

@@ -1,0 +1,52 @@
+// Ahead-of-time exported CuTeDSL cubins: the embedded table and the driver-API launcher.
+//
+// The cubins and their manifest (entry name, block, dynamic shared memory, cluster) are
+// embedded at build time by cute_dsl_aot/embed.py into a generated .cpp that defines
+// kEmbeddedKernels. The driver is reached with dlopen("libcuda.so.1") at first use, never
+// linked, so importing the module needs no driver.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace dsa {
+
+//! One exported kernel variant for one arch (generated table entry).
+struct EmbeddedKernel {
+  const char* family;          // e.g. "stable_topk"
+  const char* arch;            // "sm_90a", "sm_100a"
+  const char* variant;         // e.g. "s4096"
+  const unsigned char* cubin;  // cubin bytes
+  size_t cubin_size;
+  const char* entry;           // kernel symbol in the cubin
+  unsigned block[3];
+  unsigned cluster[3];
+  unsigned dynamic_smem;  // bytes
+  int64_t capacity;       // variant-specific limit (stable_topk: max selected keys)
+};
+
+extern const EmbeddedKernel kEmbeddedKernels[];
+extern const int kNumEmbeddedKernels;
+
+//! A kernel ready to launch on one device (handles cached for the process lifetime).
+struct LoadedKernel {
+  void* kernel = nullptr;   // CUkernel
+  void* context = nullptr;  // CUcontext: the device's primary context
+  const EmbeddedKernel* info = nullptr;
+};
+
+/*!
+ * \brief The variants of `family` for `device`, loaded on first use (thread safe) and
+ *        ordered as in the manifest. Throws std::runtime_error when the driver is missing
+ *        or the build has no cubin for the device's architecture.
+ * \param count set to the number of variants.
+ */
+const LoadedKernel* kernels_for_device(const char* family, int device, int* count);
+
+/*!
+ * \brief Launches `k` with grid (grid_x, 1, 1) on `stream` (a CUstream/cudaStream_t),
+ *        block, dynamic shared memory and cluster from its manifest entry.
+ */
+void launch_kernel(const LoadedKernel& k, unsigned grid_x, void* stream, void** params);
+
+}  // namespace dsa

@@ -1,0 +1,99 @@
+// Stable global top-K: the entry point, the CPU implementation and the cubin launch.
+#include "stable_topk.h"
+
+#include <algorithm>
+#include <functional>
+#include <stdexcept>
+#include <vector>
+
+#include "cubin_loader.h"
+
+namespace dsa {
+namespace {
+
+// Kernel parameters as CuTeDSL passes a dynamic cute.Tensor by value:
+// {data; int32 shape[#dynamic modes]; int64 stride[#dynamic modes]} (all modes dynamic
+// here). Checked against the cubin's parameter table (cuobjdump -elf: KPARAM_INFO sizes
+// 0x30 and 0x20 at offsets 0x0 and 0x30, then sel at 0x50 and n_sort at 0x54).
+struct CandParam {
+  const int64_t* data;
+  int32_t shape[3];  // (W, rows, K)
+  int64_t stride[3];
+};
+struct OutParam {
+  int32_t* data;
+  int32_t shape[2];  // (rows, k)
+  int64_t stride[2];
+};
+static_assert(sizeof(CandParam) == 48, "cute.Tensor parameter layout");
+static_assert(sizeof(OutParam) == 32, "cute.Tensor parameter layout");
+
+int64_t next_pow2(int64_t x) {
+  int64_t p = 1;
+  while (p < x) p <<= 1;
+  return p;
+}
+
+void stable_topk_cuda(const TopkCandidates& cand, const Strided2D<int32_t>& out,
+                      const Place& place) {
+  const int64_t sel = std::min<int64_t>(out.cols, cand.per_row());
+  const int64_t n_sort = std::max<int64_t>(next_pow2(sel), 2);
+  int count = 0;
+  const LoadedKernel* variants =
+      kernels_for_device("stable_topk", static_cast<int>(place.device), &count);
+  const LoadedKernel* chosen = nullptr;
+  for (int i = 0; i < count && chosen == nullptr; ++i) {
+    if (variants[i].info->capacity >= n_sort) chosen = &variants[i];
+  }
+  if (chosen == nullptr) {
+    throw std::runtime_error("dsa_ext: stable_topk_from_candidates: min(k, N) = " +
+                             std::to_string(sel) + " exceeds the largest CUDA variant");
+  }
+  CandParam c{cand.data,
+              {static_cast<int32_t>(cand.segments), static_cast<int32_t>(cand.rows),
+               static_cast<int32_t>(cand.seg_len)},
+              {cand.seg_stride, cand.row_stride, cand.col_stride}};
+  OutParam o{out.data,
+             {static_cast<int32_t>(out.rows), static_cast<int32_t>(out.cols)},
+             {out.row_stride, out.col_stride}};
+  int32_t sel32 = static_cast<int32_t>(sel);
+  int32_t n_sort32 = static_cast<int32_t>(n_sort);
+  void* params[] = {&c, &o, &sel32, &n_sort32};
+  launch_kernel(*chosen, static_cast<unsigned>(cand.rows),
+                reinterpret_cast<void*>(static_cast<uintptr_t>(place.stream)), params);
+}
+
+}  // namespace
+
+void stable_topk_cpu(const TopkCandidates& cand, const Strided2D<int32_t>& out) {
+  const int64_t n = cand.per_row();
+  const int64_t sel = std::min<int64_t>(out.cols, n);
+  std::vector<uint64_t> keys(static_cast<size_t>(n));
+  for (int64_t r = 0; r < cand.rows; ++r) {
+    size_t i = 0;
+    for (int64_t w = 0; w < cand.segments; ++w) {
+      for (int64_t c = 0; c < cand.seg_len; ++c) keys[i++] = cand.key(w, r, c);
+    }
+    // Descending unsigned keys: equal keys are identical candidates, so the order among
+    // them cannot show in the output.
+    std::partial_sort(keys.begin(), keys.begin() + sel, keys.end(), std::greater<uint64_t>());
+    for (int64_t j = 0; j < out.cols; ++j) {
+      out(r, j) = j < sel ? decode_candidate_key(keys[static_cast<size_t>(j)]) : -1;
+    }
+  }
+}
+
+void stable_topk_from_candidates(const Desc3& candidates, const Desc2& out_desc,
+                                 int64_t device, int64_t stream) {
+  const TopkCandidates cand(candidates);
+  const Strided2D<int32_t> out(out_desc);
+  if (cand.rows == 0 || out.cols == 0) return;
+  const Place place{device, stream};
+  if (place.on_cuda()) {
+    stable_topk_cuda(cand, out, place);
+  } else {
+    stable_topk_cpu(cand, out);
+  }
+}
+
+}  // namespace dsa

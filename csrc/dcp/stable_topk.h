@@ -1,0 +1,58 @@
+// Stable global top-K of packed DCP candidates (spec section 6c).
+//
+// A candidate is one int64 holding the unsigned 64-bit key
+//   key = (ordered(score_bits) << 32) | (~gid & 0xFFFFFFFF),  invalid (gid < 0): key = 0,
+// so the total order (score descending, +NaN above +inf, +0 above -0; then gid ascending;
+// invalid last) is "key descending, compared unsigned". The CPU implementation lives in
+// stable_topk.cpp; the CUDA kernel is a CuTeDSL cubin (cute_dsl_aot/stable_topk.py)
+// launched through cubin_loader.h.
+#pragma once
+
+#include <array>
+#include <cstdint>
+
+#include "../common/launch.h"
+#include "../common/strided.h"
+
+namespace dsa {
+
+//! What Python passes for a 3-D tensor: (data_ptr, d0, d1, d2, stride0, stride1, stride2).
+using Desc3 = std::array<int64_t, 7>;
+
+/*!
+ * \brief Candidates of every row, rank-major: row r's candidates are cand(w, r, c) for
+ *        w < segments, c < seg_len. A 2-D [rows, N] input is segments = 1, seg_len = N.
+ */
+struct TopkCandidates {
+  const int64_t* data = nullptr;
+  int64_t segments = 0, rows = 0, seg_len = 0;
+  int64_t seg_stride = 0, row_stride = 0, col_stride = 0;
+
+  explicit TopkCandidates(const Desc3& d)
+      : data(reinterpret_cast<const int64_t*>(static_cast<uintptr_t>(d[0]))),
+        segments(d[1]), rows(d[2]), seg_len(d[3]), seg_stride(d[4]), row_stride(d[5]),
+        col_stride(d[6]) {}
+
+  int64_t per_row() const { return segments * seg_len; }
+  uint64_t key(int64_t w, int64_t r, int64_t c) const {
+    return static_cast<uint64_t>(data[w * seg_stride + r * row_stride + c * col_stride]);
+  }
+};
+
+//! Global id of a key: -1 for key 0, else the low 32 bits of ~key as int32.
+inline int32_t decode_candidate_key(uint64_t key) {
+  return static_cast<int32_t>(~static_cast<uint32_t>(key));  // key 0 -> 0xFFFFFFFF = -1
+}
+
+void stable_topk_cpu(const TopkCandidates& cand, const Strided2D<int32_t>& out);
+
+/*!
+ * \brief Entry point bound to Python: candidates (3-D descriptor), out int32 [rows, k]
+ *        (2-D descriptor); runs on the CPU (device < 0) or launches the cubin on `stream`.
+ * \note  The Python layer has validated shapes: rows, W, K and k fit int32, N = W*K >= 1,
+ *        k >= 1, and on CUDA min(k, N) fits the largest kernel variant.
+ */
+void stable_topk_from_candidates(const Desc3& candidates, const Desc2& out, int64_t device,
+                                 int64_t stream);
+
+}  // namespace dsa

@@ -1,0 +1,227 @@
+"""Stable global top-K of packed DCP candidates, written in CuTeDSL (spec section 6c).
+
+Each candidate is one int64 whose bits are the unsigned key
+
+    key = (ordered(score_bits) << 32) | (~gid & 0xFFFFFFFF),   invalid candidate: key = 0
+
+so "score descending, then gid ascending, invalid last" is "key descending as an unsigned
+64-bit integer". Per row (one CTA per row), with ``sel = min(k, N)``:
+
+1. Radix select, 8 passes of 8-bit digits from the top: a shared-memory histogram of the
+   digit of every key that matches the prefix found so far; one warp scans the 256 bins
+   from the top and picks the digit holding the ``need``-th largest key. It stops early
+   once the chosen bin holds exactly the keys still needed. Result: a masked prefix P
+   (mask M) such that the top ``sel`` keys are all keys with ``key & M > P`` plus ``need``
+   keys with ``key & M == P`` (when all 64 bits were used those are equal keys, so which
+   copies are taken does not matter; after an early stop all of them are taken).
+2. Gather those ``sel`` keys into shared memory (warp-aggregated atomics; the order is
+   arbitrary, the set is exact), pad to ``n_sort`` (a power of two) with key 0.
+3. Bitonic sort descending in shared memory (keys stored with the top bit flipped so that
+   a signed compare is the unsigned order).
+4. Write ``out[row, i]`` for ``i < k``: decoded gid of the i-th key, -1 for key 0 and for
+   ``i >= sel``.
+
+Candidates are read as a 3-D tensor ``[W, rows, K]`` with arbitrary strides (row r's
+candidates are ``cand[w, r, :]`` for every w); a 2-D input is ``W = 1``. The output is a
+2-D int32 ``[rows, k]`` tensor with arbitrary strides.
+
+Launch: grid ``(rows, 1, 1)``, block ``(num_threads, 1, 1)``, the dynamic shared memory
+from :func:`smem_bytes`; no cluster. The host guarantees ``rows >= 1``,
+``1 <= sel <= max_sel`` and ``n_sort = next_pow2(sel) <= max_sel``.
+"""
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Int32, Int64
+
+RADIX_BITS = 8
+NUM_BINS = 1 << RADIX_BITS
+NUM_PASSES = 64 // RADIX_BITS
+CTL_WORDS = 8  # shared control words: digit, above, bucket count, gt counter, eq counter
+SIGN_BIT = -(1 << 63)  # int64 with only the top bit set
+
+
+def _as_int64(u: int) -> int:
+    """The int64 with the same bits as the unsigned 64-bit value u."""
+    return u - (1 << 64) if u >= (1 << 63) else u
+
+
+def smem_bytes(max_sel: int) -> int:
+    """Dynamic shared memory of a variant: keys, histogram, control words (in this order,
+    each 16-byte aligned)."""
+    return max_sel * 8 + NUM_BINS * 4 + CTL_WORDS * 4
+
+
+def make_stable_topk(num_threads: int, max_sel: int):
+    """Build the kernel and its host launcher for one variant.
+
+    num_threads: threads per CTA (multiple of 32, >= NUM_BINS).
+    max_sel: capacity of the shared-memory key buffer (a power of two): the variant
+        handles rows with ``next_pow2(min(k, N)) <= max_sel``.
+    """
+    assert num_threads % 32 == 0 and num_threads >= NUM_BINS
+    assert max_sel & (max_sel - 1) == 0 and max_sel >= 2
+    NT = num_threads
+    log2_max_sel = max_sel.bit_length() - 1
+
+    @cute.kernel
+    def stable_topk_kernel(cand: cute.Tensor, out: cute.Tensor, sel: Int32, n_sort: Int32):
+        tidx, _, _ = cute.arch.thread_idx()
+        row, _, _ = cute.arch.block_idx()
+        lane = tidx % 32
+        num_segments = cand.shape[0]
+        seg_len = cand.shape[2]
+        k = out.shape[1]
+
+        smem = cutlass.utils.SmemAllocator()
+        s_keys = smem.allocate_tensor(Int64, cute.make_layout((max_sel,)), byte_alignment=16)
+        s_hist = smem.allocate_tensor(Int32, cute.make_layout((NUM_BINS,)), byte_alignment=16)
+        s_ctl = smem.allocate_tensor(Int32, cute.make_layout((CTL_WORDS,)), byte_alignment=16)
+
+        if tidx < CTL_WORDS:
+            s_ctl[tidx] = Int32(0)
+
+        # ---- 1. radix select --------------------------------------------------------
+        prefix = Int64(0)
+        mask = Int64(0)
+        need = sel
+        active = Int32(1)
+        for p in cutlass.range_constexpr(NUM_PASSES):
+            shift = 64 - RADIX_BITS * (p + 1)
+            if active != 0:
+                if tidx < NUM_BINS:
+                    s_hist[tidx] = Int32(0)
+                cute.arch.sync_threads()
+                for w in cutlass.range(num_segments):
+                    for c0 in cutlass.range(0, seg_len, NT):
+                        c = c0 + tidx
+                        if c < seg_len:
+                            key = cand[w, row, c]
+                            if (key & mask) == prefix:
+                                digit = Int32((key >> shift) & (NUM_BINS - 1))
+                                cute.arch.atomic_add((s_hist.iterator + digit).llvm_ptr,
+                                                     Int32(1))
+                cute.arch.sync_threads()
+                if tidx < 32:
+                    # Lane l owns bins 255-8l .. 248-8l (descending): an inclusive scan
+                    # over lanes counts the keys in all higher bins.
+                    per_lane = NUM_BINS // 32
+                    counts = [s_hist[NUM_BINS - 1 - per_lane * lane - j]
+                              for j in range(per_lane)]
+                    lane_sum = Int32(0)
+                    for j in cutlass.range_constexpr(per_lane):
+                        lane_sum = lane_sum + counts[j]
+                    incl = lane_sum
+                    for s in cutlass.range_constexpr(5):
+                        off = 1 << s
+                        v = cute.arch.shuffle_sync_up(incl, offset=off)
+                        if lane >= off:
+                            incl = incl + v
+                    run = incl - lane_sum
+                    if run < need:
+                        if need <= incl:
+                            found = Int32(0)
+                            for j in cutlass.range_constexpr(per_lane):
+                                if found == 0:
+                                    if run + counts[j] >= need:
+                                        s_ctl[0] = NUM_BINS - 1 - per_lane * lane - j
+                                        s_ctl[1] = run
+                                        s_ctl[2] = counts[j]
+                                        found = Int32(1)
+                                run = run + counts[j]
+                cute.arch.sync_threads()
+                digit_sel = s_ctl[0]
+                above = s_ctl[1]
+                bucket = s_ctl[2]
+                prefix = prefix | (Int64(digit_sel) << shift)
+                mask = Int64(_as_int64(((1 << (RADIX_BITS * (p + 1))) - 1) << shift))
+                need = need - above
+                if bucket == need:
+                    active = Int32(0)
+
+        # ---- 2. gather the selected keys --------------------------------------------
+        num_above = sel - need
+        prefix_flipped = prefix ^ Int64(SIGN_BIT)
+        lanes_below = cute.arch.lanemask_lt()
+        for w in cutlass.range(num_segments):
+            for c0 in cutlass.range(0, seg_len, NT):
+                c = c0 + tidx
+                key = Int64(0)
+                in_row = Int32(0)
+                if c < seg_len:
+                    key = cand[w, row, c]
+                    in_row = Int32(1)
+                masked = key & mask
+                is_gt = Int32(0)
+                is_eq = Int32(0)
+                if in_row != 0:
+                    if (masked ^ Int64(SIGN_BIT)) > prefix_flipped:
+                        is_gt = Int32(1)
+                    if masked == prefix:
+                        is_eq = Int32(1)
+                ballot_gt = cute.arch.vote_ballot_sync(is_gt != 0)
+                if ballot_gt != 0:
+                    base = Int32(0)
+                    if lane == 0:
+                        base = cute.arch.atomic_add((s_ctl.iterator + 3).llvm_ptr,
+                                                    cute.arch.popc(ballot_gt))
+                    base = cute.arch.shuffle_sync(base, 0)
+                    if is_gt != 0:
+                        pos = base + cute.arch.popc(ballot_gt & Int32(lanes_below))
+                        s_keys[pos] = key ^ Int64(SIGN_BIT)
+                ballot_eq = cute.arch.vote_ballot_sync(is_eq != 0)
+                if ballot_eq != 0:
+                    base = Int32(0)
+                    if lane == 0:
+                        base = cute.arch.atomic_add((s_ctl.iterator + 4).llvm_ptr,
+                                                    cute.arch.popc(ballot_eq))
+                    base = cute.arch.shuffle_sync(base, 0)
+                    if is_eq != 0:
+                        rank = base + cute.arch.popc(ballot_eq & Int32(lanes_below))
+                        if rank < need:
+                            s_keys[num_above + rank] = key ^ Int64(SIGN_BIT)
+        # Pad to the sort size with key 0 (stored flipped: the smallest int64).
+        for i in cutlass.range(sel + tidx, n_sort, NT):
+            s_keys[i] = Int64(SIGN_BIT)
+        cute.arch.sync_threads()
+
+        # ---- 3. bitonic sort, descending --------------------------------------------
+        half = n_sort >> 1
+        for lvl in cutlass.range_constexpr(1, log2_max_sel + 1):
+            size = 1 << lvl
+            if size <= n_sort:
+                for sl in cutlass.range_constexpr(lvl - 1, -1, -1):
+                    stride = 1 << sl
+                    for i in cutlass.range(tidx, half, NT):
+                        lo = ((i >> sl) << (sl + 1)) | (i & (stride - 1))
+                        hi = lo + stride
+                        a = s_keys[lo]
+                        b = s_keys[hi]
+                        if (lo & size) == 0:
+                            if a < b:  # descending run
+                                s_keys[lo] = b
+                                s_keys[hi] = a
+                        else:
+                            if a > b:  # ascending run
+                                s_keys[lo] = b
+                                s_keys[hi] = a
+                    cute.arch.sync_threads()
+
+        # ---- 4. decode and write --------------------------------------------------------
+        for i in cutlass.range(tidx, k, NT):
+            gid = Int32(-1)
+            if i < sel:
+                key = s_keys[i] ^ Int64(SIGN_BIT)
+                if key != 0:
+                    gid = Int32(~key)  # low 32 bits of ~key
+            out[row, i] = gid
+
+    @cute.jit
+    def stable_topk(cand: cute.Tensor, out: cute.Tensor, sel: Int32, n_sort: Int32,
+                    stream):
+        rows = cand.shape[1]
+        stable_topk_kernel(cand, out, sel, n_sort).launch(
+            grid=(rows, 1, 1), block=(NT, 1, 1), stream=stream)
+
+    return stable_topk

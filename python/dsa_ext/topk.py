@@ -1,0 +1,104 @@
+"""DCP top-K merge: the exact, stable global top-K of packed candidates (spec 6c)."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from . import _C, _checks, _native
+
+Tensor = torch.Tensor
+
+#: Largest min(k, N) the CUDA kernel handles (its biggest variant keeps that many keys in
+#: shared memory; see VARIANTS in cute_dsl_aot/export.py). The CPU has no limit.
+CUDA_MAX_SELECTED = 16384
+
+
+def _desc3(t: Tensor) -> tuple:
+    """(data_ptr, W, rows, K, stride...) of the candidates; a 2-D input is W = 1."""
+    if t.dim() == 2:
+        return (t.data_ptr(), 1, t.shape[0], t.shape[1], 0, t.stride(0), t.stride(1))
+    return (t.data_ptr(), t.shape[0], t.shape[1], t.shape[2],
+            t.stride(0), t.stride(1), t.stride(2))
+
+
+def _topk_impl(candidates: Tensor, out: Tensor) -> None:
+    device, stream = _native.place(candidates)
+    _C.stable_topk_from_candidates(_desc3(candidates), _native.desc2(out), device, stream)
+
+
+_topk_op = _native.define(
+    "stable_topk_from_candidates(Tensor candidates, Tensor(a!) out) -> ()",
+    _topk_impl, _native.no_result)
+
+
+def stable_topk_from_candidates(candidates: Tensor, k: int, out: Optional[Tensor] = None
+                                ) -> Tensor:
+    """Exact global top-K of packed DCP candidates, in a deterministic order.
+
+    Each candidate is one int64 holding the unsigned 64-bit key (the format of
+    ``pack_dcp_topk_candidates``; ``reference.encode_candidate_keys`` builds it)::
+
+        key = (ordered(bits(score)) << 32) | (~gid & 0xFFFFFFFF)    # 0 if gid < 0
+        ordered(u) = ~u if u & 0x80000000 else u | 0x80000000
+
+    For each row, ``out[row]`` lists the global ids of the ``k`` largest keys compared as
+    unsigned 64-bit integers, largest first: score descending (``+NaN`` above ``+inf``,
+    ``+0`` above ``-0``), then global id ascending. Invalid candidates (key 0) rank last
+    and, like a shortfall (fewer than ``k`` candidates), give ``-1``.
+
+    The result matches an unsharded top-K exactly when each rank's local top-K breaks
+    ties by lower position first (any other local tie rule still yields a valid top-K,
+    possibly a different one among equal scores).
+
+    Args:
+        candidates: int64 ``[rows, N]`` (any strides, e.g. ``torch.cat`` of per-rank
+            packed ``[rows, K]`` tensors along dim 1) or ``[W, rows, K]`` (any strides,
+            e.g. the output of ``all_gather_into_tensor``: row r's candidates are
+            ``candidates[:, r, :]``); ``N = W * K >= 1``. Read in place, never copied.
+        k: number of ids per row, ``k >= 1`` (``k > N`` fills with ``-1``). On CUDA,
+            ``min(k, N) <= CUDA_MAX_SELECTED`` (16384).
+        out: optional int32 ``[rows, k]`` output (any strides). With ``out`` given the
+            call allocates nothing and is CUDA-graph capturable.
+
+    Returns:
+        int32 ``[rows, k]`` global ids (``out`` when given). No host synchronization.
+
+    Raises:
+        TypeError: a dtype other than int64 candidates / int32 ``out``.
+        ValueError: a wrong rank, shape or device, or ``k`` out of range.
+
+    Example::
+
+        >>> from dsa_ext.reference import encode_candidate_keys
+        >>> scores = torch.tensor([[0.5, 2.0, 0.5, -1.0]])
+        >>> gids = torch.tensor([[7, 3, 1, -1]], dtype=torch.int32)
+        >>> dsa_ext.stable_topk_from_candidates(encode_candidate_keys(scores, gids), 5)
+        tensor([[ 3,  1,  7, -1, -1]], dtype=torch.int32)
+    """
+    _checks.tensor("candidates", candidates, torch.int64)
+    if candidates.dim() == 2:
+        rows, n = candidates.shape
+    elif candidates.dim() == 3:
+        rows, n = candidates.shape[1], candidates.shape[0] * candidates.shape[2]
+    else:
+        raise ValueError("candidates must be 2-D [rows, N] or 3-D [W, rows, K], got shape "
+                         f"{tuple(candidates.shape)}")
+    if n < 1:
+        raise ValueError("candidates must hold at least one candidate per row, got shape "
+                         f"{tuple(candidates.shape)}")
+    if max(candidates.shape) > _checks.INT32_MAX:
+        raise ValueError("candidates dimensions must be < 2^31, got shape "
+                         f"{tuple(candidates.shape)}")
+    _checks.integer("k", k, 1)
+    device = candidates.device
+    if device.type == "cuda" and min(k, n) > CUDA_MAX_SELECTED:
+        raise ValueError(f"k must be <= {CUDA_MAX_SELECTED} on CUDA when N = {n} > "
+                         f"{CUDA_MAX_SELECTED}, got {k}")
+    if out is None:
+        out = torch.empty((rows, k), dtype=torch.int32, device=device)
+    else:
+        _checks.tensor("out", out, torch.int32, 2, device)
+        _checks.shape("out", out, (rows, k))
+    _native.call(_topk_op, candidates, out)
+    return out

@@ -1,0 +1,346 @@
+"""stable_topk_from_candidates (spec 6c): CPU and CUDA against the torch reference, bit-exact."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import dsa_ext
+from dsa_ext import reference
+
+HAS_CUDA = torch.cuda.is_available()
+cuda_only = [pytest.mark.cuda, pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")]
+DEVICES = ["cpu", pytest.param("cuda", marks=cuda_only)]
+
+INT32_MAX = 2**31 - 1
+SPECIAL_SCORES = [float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 1.0, -1.0,
+                  1e-45, -1e-45, 3.4e38, -3.4e38]
+
+
+def make_scores_gids(kind: str, rows: int, n: int, seed: int):
+    """fp32 scores and int32 global ids [rows, n] of one test regime."""
+    g = torch.Generator().manual_seed(seed)
+    gids = torch.randperm(max(n, 1) * 4, generator=g)[:n].to(torch.int32).repeat(rows, 1)
+    if kind == "random":
+        scores = torch.randn(rows, n, generator=g)
+    elif kind == "ties":  # a few distinct values: order decided by the ids
+        scores = torch.randint(0, 3, (rows, n), generator=g).float()
+    elif kind == "equal":
+        scores = torch.full((rows, n), 0.25)
+    elif kind == "special":
+        pick = torch.randint(0, len(SPECIAL_SCORES), (rows, n), generator=g)
+        scores = torch.tensor(SPECIAL_SCORES)[pick]
+        scores[:, ::7] = float("nan")
+        nan_neg = torch.tensor([0xFFC00000], dtype=torch.int64).to(torch.int32).view(torch.float32)
+        scores[:, 3::11] = nan_neg  # a negative NaN ranks below -inf
+    elif kind == "big_ids":  # ids near 2^31 - 1, ties on score
+        scores = torch.randint(0, 2, (rows, n), generator=g).float()
+        gids = (INT32_MAX - torch.randperm(max(n, 1) * 3, generator=g)[:n]).to(torch.int32)
+        gids = gids.repeat(rows, 1)
+    elif kind == "shortfall":  # most candidates invalid
+        scores = torch.randn(rows, n, generator=g)
+        invalid = torch.rand(rows, n, generator=g) < 0.8
+        gids = torch.where(invalid, torch.full_like(gids, -1), gids)
+    else:
+        raise AssertionError(kind)
+    # Different rows get different ids so row mix-ups show.
+    if kind != "big_ids":
+        gids = torch.where(gids >= 0, gids + torch.arange(rows, dtype=torch.int32)[:, None] * 7,
+                           gids)
+    return scores, gids
+
+
+def make_keys(kind: str, rows: int, n: int, seed: int = 0) -> torch.Tensor:
+    scores, gids = make_scores_gids(kind, rows, n, seed)
+    return reference.encode_candidate_keys(scores, gids)
+
+
+def run(cands: torch.Tensor, k: int, device: str, **kw) -> torch.Tensor:
+    out = dsa_ext.stable_topk_from_candidates(cands.to(device), k, **kw)
+    assert out.dtype == torch.int32 and out.device.type == device
+    return out.cpu()
+
+
+def check(cands: torch.Tensor, k: int, device: str) -> None:
+    want = reference.stable_topk_from_candidates(cands, k)
+    got = run(cands, k, device)
+    if not torch.equal(got, want):
+        bad = (got != want).nonzero()[0].tolist()
+        raise AssertionError(f"first mismatch at {bad}: got {got[bad[0], bad[1]]}, want "
+                             f"{want[bad[0], bad[1]]}; shape={tuple(cands.shape)}, {k=}")
+
+
+# ---------------------------------------------------------------------------------------
+# The key format and the reference itself
+# ---------------------------------------------------------------------------------------
+
+
+def test_encoding_orders_scores_then_ids():
+    scores = torch.tensor([float("nan"), float("inf"), 1.0, 1.0, 0.0, -0.0, -1.0,
+                           -float("inf"), 5.0])
+    gids = torch.tensor([9, 8, 3, 4, 7, 6, 5, 2, -1], dtype=torch.int32)
+    keys = reference.encode_candidate_keys(scores, gids)
+    assert keys[-1] == 0
+    assert reference.stable_topk_from_candidates(keys[None], 10).tolist() == [
+        [9, 8, 3, 4, 7, 6, 5, 2, -1, -1]]
+    assert reference.decode_candidate_keys(keys).tolist() == gids.tolist()
+
+
+def test_encoding_extreme_ids():
+    gids = torch.tensor([0, 1, INT32_MAX - 1, INT32_MAX], dtype=torch.int32)
+    keys = reference.encode_candidate_keys(torch.zeros(4), gids)
+    assert (keys != 0).all()
+    assert reference.decode_candidate_keys(keys).tolist() == gids.tolist()
+    assert reference.stable_topk_from_candidates(keys[None], 4).tolist() == [gids.tolist()]
+
+
+# ---------------------------------------------------------------------------------------
+# Against the reference
+# ---------------------------------------------------------------------------------------
+
+KINDS = ["random", "ties", "equal", "special", "big_ids", "shortfall"]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("n,k", [(1, 1), (5, 1), (37, 37), (37, 50), (300, 16), (1000, 999),
+                                 (2053, 512), (3000, 2048)])
+def test_matches_reference(device, kind, n, k):
+    check(make_keys(kind, 3, n, seed=n + k), k, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", ["random", "ties"])
+def test_many_rows(device, kind):
+    check(make_keys(kind, 4096, 48, seed=1), 16, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_one_row_large(device):
+    check(make_keys("random", 1, 16384, seed=2), 2048, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("n,k", [(4096, 4096), (4097, 4097), (5000, 4100), (20000, 8192),
+                                 (16384, 16384), (9000, 20000)])
+def test_variant_boundaries(device, n, k):
+    """k around the shared-memory capacities of the CUDA variants (4096 and 16384)."""
+    check(make_keys("ties", 2, n, seed=3), k, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_duplicate_keys(device):
+    """The same candidate passed twice stays twice (equal keys are taken as needed)."""
+    scores, gids = make_scores_gids("random", 2, 64, seed=4)
+    keys = reference.encode_candidate_keys(scores, gids)
+    keys = torch.cat([keys, keys, keys[:, :5]], dim=1)
+    for k in (1, 3, 100, 200):
+        check(keys, k, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_all_invalid(device):
+    check(torch.zeros(3, 40, dtype=torch.int64), 8, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_strided_2d(device):
+    """A [rows, N] view with a column stride and a padded row stride: read in place."""
+    base = make_keys("ties", 6, 2 * 700, seed=5)
+    view = base[::2, ::2]  # row stride 2800, column stride 2
+    check(view, 129, device)
+    transposed = make_keys("random", 300, 5, seed=6).t()  # [5, 300], column stride 5
+    check(transposed, 77, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("W,K,k", [(4, 512, 512), (8, 100, 333), (3, 1, 2), (1, 64, 64)])
+def test_gathered_3d(device, W, K, k):
+    """[W, rows, K] (all_gather_into_tensor layout) equals torch.cat along dim 1."""
+    rows = 5
+    per_rank = [make_keys("ties", rows, K, seed=10 + w) for w in range(W)]
+    gathered = torch.stack(per_rank)  # [W, rows, K]
+    concat = torch.cat(per_rank, dim=1)  # [rows, W*K]
+    check(gathered, k, device)
+    assert torch.equal(run(gathered, k, device), run(concat, k, device))
+    # A non-contiguous 3-D view: every other row of a bigger gather.
+    bigger = torch.stack([make_keys("random", 2 * rows, K, seed=20 + w) for w in range(W)])
+    check(bigger[:, ::2, :], k, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_out_buffer(device):
+    cands = make_keys("random", 4, 100, seed=7).to(device)
+    want = reference.stable_topk_from_candidates(cands.cpu(), 10)
+    out = torch.full((4, 10), 123, dtype=torch.int32, device=device)
+    assert dsa_ext.stable_topk_from_candidates(cands, 10, out=out) is out
+    assert torch.equal(out.cpu(), want)
+    strided = torch.full((10, 8), 123, dtype=torch.int32, device=device).t()[:4]  # [4, 10]
+    dsa_ext.stable_topk_from_candidates(cands, 10, out=strided)
+    assert torch.equal(strided.cpu(), want)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_zero_rows(device):
+    out = dsa_ext.stable_topk_from_candidates(
+        torch.zeros(0, 10, dtype=torch.int64, device=device), 4)
+    assert out.shape == (0, 4)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    rows=st.integers(1, 4),
+    n=st.integers(1, 70),
+    k=st.integers(1, 90),
+    data=st.data(),
+)
+def test_hypothesis_cpu(rows, n, k, data):
+    score_values = st.one_of(st.sampled_from(SPECIAL_SCORES + [2.0, 2.0, -3.5]),
+                             st.floats(width=32, allow_nan=True))
+    id_values = st.one_of(st.sampled_from([-1, 0, 1, INT32_MAX]), st.integers(-5, INT32_MAX))
+    scores = torch.tensor(data.draw(st.lists(score_values, min_size=rows * n,
+                                             max_size=rows * n)), dtype=torch.float32)
+    gids = torch.tensor(data.draw(st.lists(id_values, min_size=rows * n, max_size=rows * n)),
+                        dtype=torch.int32)
+    keys = reference.encode_candidate_keys(scores, gids).reshape(rows, n)
+    check(keys, k, "cpu")
+    if HAS_CUDA:
+        check(keys, k, "cuda")
+
+
+# ---------------------------------------------------------------------------------------
+# Errors, torch.compile, graphs, host syncs
+# ---------------------------------------------------------------------------------------
+
+
+def test_errors_name_the_argument():
+    good = torch.zeros(2, 8, dtype=torch.int64)
+    f = dsa_ext.stable_topk_from_candidates
+    with pytest.raises(TypeError, match="candidates must be int64"):
+        f(good.int(), 4)
+    with pytest.raises(TypeError, match="candidates must be a torch.Tensor"):
+        f([[1, 2]], 4)
+    with pytest.raises(ValueError, match="candidates must be 2-D .* or 3-D"):
+        f(torch.zeros(8, dtype=torch.int64), 4)
+    with pytest.raises(ValueError, match="at least one candidate"):
+        f(torch.zeros(2, 0, dtype=torch.int64), 4)
+    with pytest.raises(ValueError, match="at least one candidate"):
+        f(torch.zeros(0, 2, 5, dtype=torch.int64), 4)
+    with pytest.raises(ValueError, match="k must be >= 1"):
+        f(good, 0)
+    with pytest.raises(TypeError, match="k must be an int"):
+        f(good, 2.0)
+    with pytest.raises(TypeError, match="out must be int32"):
+        f(good, 4, out=torch.zeros(2, 4, dtype=torch.int64))
+    with pytest.raises(ValueError, match=r"out must have shape \(2, 4\)"):
+        f(good, 4, out=torch.zeros(2, 5, dtype=torch.int32))
+    with pytest.raises(ValueError, match="out must be 2-D"):
+        f(good, 4, out=torch.zeros(8, dtype=torch.int32))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
+def test_errors_cuda():
+    f = dsa_ext.stable_topk_from_candidates
+    cands = torch.zeros(2, 20000, dtype=torch.int64, device="cuda")
+    with pytest.raises(ValueError, match="k must be <= 16384 on CUDA"):
+        f(cands, 16385)
+    with pytest.raises(ValueError, match="out must be on cuda"):
+        f(cands, 4, out=torch.zeros(2, 4, dtype=torch.int32))
+
+
+def test_torch_compile_fullgraph_cpu():
+    cands = make_keys("ties", 3, 50, seed=8)
+
+    @torch.compile(fullgraph=True, backend="aot_eager")
+    def merged(c):
+        return dsa_ext.stable_topk_from_candidates(c, 20) + 0
+
+    assert torch.equal(merged(cands), reference.stable_topk_from_candidates(cands, 20))
+
+
+def test_registered_op_and_fake():
+    cands = make_keys("random", 3, 50, seed=9)
+    out = torch.empty(3, 7, dtype=torch.int32)
+    torch.ops.dsa_ext.stable_topk_from_candidates(cands, out)
+    assert torch.equal(out, reference.stable_topk_from_candidates(cands, 7))
+    torch.library.opcheck(torch.ops.dsa_ext.stable_topk_from_candidates,
+                          (cands, torch.empty(3, 7, dtype=torch.int32)))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
+def test_cuda_graph_replay_and_no_host_sync():
+    rows, W, K, k = 64, 4, 2048, 2048
+    gathered = torch.stack([make_keys("random", rows, K, seed=30 + w) for w in range(W)])
+    cands = gathered.cuda()
+    out = torch.empty(rows, k, dtype=torch.int32, device="cuda")
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        dsa_ext.stable_topk_from_candidates(cands, k, out=out)  # loads the cubin
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            dsa_ext.stable_topk_from_candidates(cands, k, out=out)
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            dsa_ext.stable_topk_from_candidates(cands, k, out=out)
+        out.fill_(7)
+        new = torch.stack([make_keys("ties", rows, K, seed=40 + w) for w in range(W)])
+        cands.copy_(new.cuda())
+        graph.replay()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    assert torch.equal(out.cpu(), reference.stable_topk_from_candidates(new, k))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
+def test_cuda_other_device_and_stream():
+    """Runs on the tensor's device and the current stream of that device."""
+    dev = torch.cuda.device_count() - 1
+    cands = make_keys("random", 8, 500, seed=11)
+    with torch.cuda.device(0):
+        got = dsa_ext.stable_topk_from_candidates(cands.to(f"cuda:{dev}"), 100)
+    assert got.device.index == dev
+    assert torch.equal(got.cpu(), reference.stable_topk_from_candidates(cands, 100))
+
+
+def test_no_jit_stack_at_run_time():
+    """Importing dsa_ext and running the op loads no Triton, CuTeDSL, cuda-python, TVM-FFI
+    or NVRTC beyond what torch itself loaded (on the GPU when there is one, else the CPU)."""
+    code = textwrap.dedent("""
+        import sys, torch
+        # Measured against what torch itself loaded (recent torch imports cuda-python when
+        # it is installed, and a build venv may preload CuTeDSL through a .pth file).
+        before = set(sys.modules)
+        maps_before = open("/proc/self/maps").read()
+        import dsa_ext
+        from dsa_ext import reference
+        dev = "cuda" if torch.cuda.is_available() else "cpu"
+        keys = reference.encode_candidate_keys(torch.randn(4, 300),
+                                               torch.arange(1200, dtype=torch.int32).view(4, 300))
+        out = dsa_ext.stable_topk_from_candidates(keys.to(dev), 64)
+        assert torch.equal(out.cpu(), reference.stable_topk_from_candidates(keys, 64))
+        if dev == "cuda":
+            torch.cuda.synchronize()
+        banned = [m for m in set(sys.modules) - before
+                  if m.split(".")[0] in ("triton", "cutlass", "cutlass_dsl", "tvm_ffi", "cuda")
+                  or m.startswith("nvidia_cutlass_dsl")]
+        assert not banned, banned
+        maps = open("/proc/self/maps").read()
+        assert "libnvrtc" in maps_before or "libnvrtc" not in maps, [l for l in maps.splitlines() if "libnvrtc" in l][:3]
+        print("ok", dev)
+    """)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=dict(os.environ))
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.startswith("ok")
