@@ -22,11 +22,14 @@ import tempfile
 
 ARCHS = ("sm_90a", "sm_100a")
 
-#: (name, threads per CTA, shared-memory key capacity). The launcher picks the first
-#: variant whose capacity holds next_pow2(min(k, N)).
+#: (name, threads per CTA, shared-memory key capacity, keys per thread in registers).
+#: The launcher picks the first variant with next_pow2(min(k, N)) <= capacity and
+#: N <= max_n (threads * keys per thread; unlimited for the streaming variants, 0).
 VARIANTS = (
-    ("s4096", 512, 4096),
-    ("s16384", 1024, 16384),
+    ("r8_s4096", 1024, 4096, 8),
+    ("r16_s4096", 1024, 4096, 16),
+    ("g_s4096", 512, 4096, 0),
+    ("g_s16384", 1024, 16384, 0),
 )
 
 #: Kernel parameters in order, as the launcher must pass them. A dynamic cute.Tensor is
@@ -59,8 +62,8 @@ def export_arch(arch: str, out_dir: str, keep_ptx: bool = False) -> dict:
     options = f"--gpu-arch {arch} --keep-cubin --dump-dir {scratch}"
     if keep_ptx:
         options += " --keep-ptx"
-    for name, threads, max_sel in VARIANTS:
-        fn = stable_topk.make_stable_topk(threads, max_sel)
+    for name, threads, max_sel, items in VARIANTS:
+        fn = stable_topk.make_stable_topk(threads, max_sel, items)
         cand = make_fake_tensor(
             cutlass.Int64, (cute.sym_int(), cute.sym_int(), cute.sym_int()),
             stride=(cute.sym_int64(), cute.sym_int64(), cute.sym_int64()), assumed_align=8)
@@ -86,6 +89,7 @@ def export_arch(arch: str, out_dir: str, keep_ptx: bool = False) -> dict:
             "cluster": [1, 1, 1],
             "dynamic_smem": stable_topk.smem_bytes(max_sel),
             "max_sel": max_sel,
+            "max_n": threads * items,
         })
     manifest = {"arch": arch, "abi_version": ABI_VERSION, "params": PARAMS,
                 "variants": variants}

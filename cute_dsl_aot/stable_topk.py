@@ -53,16 +53,76 @@ def smem_bytes(max_sel: int) -> int:
     return max_sel * 8 + NUM_BINS * 4 + CTL_WORDS * 4
 
 
-def make_stable_topk(num_threads: int, max_sel: int):
+@cute.jit
+def _count_digit(key: Int64, valid: Int32, mask: Int64, prefix: Int64,
+                 shift: cutlass.Constexpr[int], lanes_below: Int32, s_hist: cute.Tensor):
+    """Step 1 for one key per thread (all 32 lanes of each warp call it together): if the
+    key is valid and ``key & mask == prefix``, count its digit ``(key >> shift) & 255``.
+    Lanes with the same digit are combined (match.any) into one shared atomic, so tied
+    rows do not serialize on one bin."""
+    digit = Int32(NUM_BINS)  # no bin
+    if valid != 0:
+        if (key & mask) == prefix:
+            digit = Int32((key >> shift) & (NUM_BINS - 1))
+    peers = Int32(cute.arch.match_sync(-1, digit))
+    if digit < NUM_BINS:
+        if (peers & lanes_below) == 0:  # the lowest lane of its group adds for all
+            cute.arch.atomic_add((s_hist.iterator + digit).llvm_ptr, cute.arch.popc(peers))
+
+
+@cute.jit
+def _gather_one(key: Int64, in_row: Int32, mask: Int64, prefix: Int64, need: Int32,
+                num_above: Int32, lane: Int32, lanes_below: Int32, s_keys: cute.Tensor,
+                s_ctl: cute.Tensor):
+    """Step 2 for one key per thread (all 32 lanes of each warp call it together): keys
+    with ``key & mask > prefix`` (unsigned) go to ``s_keys[0, num_above)`` and the first
+    ``need`` keys with ``key & mask == prefix`` to ``s_keys[num_above, sel)``, stored with
+    the top bit flipped. Slots come from warp-aggregated shared atomics (s_ctl[3], [4])."""
+    masked = key & mask
+    is_gt = Int32(0)
+    is_eq = Int32(0)
+    if in_row != 0:
+        if (masked ^ Int64(SIGN_BIT)) > (prefix ^ Int64(SIGN_BIT)):  # unsigned >
+            is_gt = Int32(1)
+        if masked == prefix:
+            is_eq = Int32(1)
+    ballot_gt = cute.arch.vote_ballot_sync(is_gt != 0)
+    if ballot_gt != 0:
+        base = Int32(0)
+        if lane == 0:
+            base = cute.arch.atomic_add((s_ctl.iterator + 3).llvm_ptr,
+                                        cute.arch.popc(ballot_gt))
+        base = cute.arch.shuffle_sync(base, 0)
+        if is_gt != 0:
+            pos = base + cute.arch.popc(ballot_gt & lanes_below)
+            s_keys[pos] = key ^ Int64(SIGN_BIT)
+    ballot_eq = cute.arch.vote_ballot_sync(is_eq != 0)
+    if ballot_eq != 0:
+        base = Int32(0)
+        if lane == 0:
+            base = cute.arch.atomic_add((s_ctl.iterator + 4).llvm_ptr,
+                                        cute.arch.popc(ballot_eq))
+        base = cute.arch.shuffle_sync(base, 0)
+        if is_eq != 0:
+            rank = base + cute.arch.popc(ballot_eq & lanes_below)
+            if rank < need:
+                s_keys[num_above + rank] = key ^ Int64(SIGN_BIT)
+
+
+def make_stable_topk(num_threads: int, max_sel: int, items_per_thread: int = 0):
     """Build the kernel and its host launcher for one variant.
 
     num_threads: threads per CTA (multiple of 32, >= NUM_BINS).
     max_sel: capacity of the shared-memory key buffer (a power of two): the variant
         handles rows with ``next_pow2(min(k, N)) <= max_sel``.
+    items_per_thread: 0 streams the row from global memory on every pass (any N); > 0
+        loads it once into registers, ``items_per_thread`` keys per thread (N at most
+        ``num_threads * items_per_thread``), and reads only registers afterwards.
     """
     assert num_threads % 32 == 0 and num_threads >= NUM_BINS
     assert max_sel & (max_sel - 1) == 0 and max_sel >= 2
     NT = num_threads
+    ITEMS = items_per_thread
     log2_max_sel = max_sel.bit_length() - 1
 
     @cute.kernel
@@ -82,7 +142,19 @@ def make_stable_topk(num_threads: int, max_sel: int):
         if tidx < CTL_WORDS:
             s_ctl[tidx] = Int32(0)
 
+        # Register-resident variants: key j of this thread is the row's flat candidate
+        # f = j * NT + tidx (f = w * K + c); slots with f >= N load a clamped duplicate
+        # and are skipped by every pass.
+        n_total = num_segments * seg_len
+        regs = []
+        if cutlass.const_expr(ITEMS > 0):
+            for j in cutlass.range_constexpr(ITEMS):
+                flat = cutlass.min(j * NT + tidx, n_total - 1)
+                seg = flat // seg_len
+                regs.append(cand[seg, row, flat - seg * seg_len])
+
         # ---- 1. radix select --------------------------------------------------------
+        lanes_below = Int32(cute.arch.lanemask_lt())
         prefix = Int64(0)
         mask = Int64(0)
         need = sel
@@ -93,15 +165,24 @@ def make_stable_topk(num_threads: int, max_sel: int):
                 if tidx < NUM_BINS:
                     s_hist[tidx] = Int32(0)
                 cute.arch.sync_threads()
-                for w in cutlass.range(num_segments):
-                    for c0 in cutlass.range(0, seg_len, NT):
-                        c = c0 + tidx
-                        if c < seg_len:
-                            key = cand[w, row, c]
-                            if (key & mask) == prefix:
-                                digit = Int32((key >> shift) & (NUM_BINS - 1))
-                                cute.arch.atomic_add((s_hist.iterator + digit).llvm_ptr,
-                                                     Int32(1))
+                if cutlass.const_expr(ITEMS > 0):
+                    for jr in cutlass.range_constexpr(ITEMS):
+                        rvalid = Int32(0)
+                        if jr * NT + tidx < n_total:
+                            rvalid = Int32(1)
+                        _count_digit(regs[jr], rvalid, mask, prefix, shift, lanes_below,
+                                     s_hist)
+                else:
+                    for w in cutlass.range(num_segments):
+                        for c0 in cutlass.range(0, seg_len, NT):
+                            c = c0 + tidx
+                            key = Int64(0)
+                            valid = Int32(0)
+                            if c < seg_len:
+                                key = cand[w, row, c]
+                                valid = Int32(1)
+                            _count_digit(key, valid, mask, prefix, shift, lanes_below,
+                                         s_hist)
                 cute.arch.sync_threads()
                 if tidx < 32:
                     # Lane l owns bins 255-8l .. 248-8l (descending): an inclusive scan
@@ -142,45 +223,24 @@ def make_stable_topk(num_threads: int, max_sel: int):
 
         # ---- 2. gather the selected keys --------------------------------------------
         num_above = sel - need
-        prefix_flipped = prefix ^ Int64(SIGN_BIT)
-        lanes_below = cute.arch.lanemask_lt()
-        for w in cutlass.range(num_segments):
-            for c0 in cutlass.range(0, seg_len, NT):
-                c = c0 + tidx
-                key = Int64(0)
-                in_row = Int32(0)
-                if c < seg_len:
-                    key = cand[w, row, c]
-                    in_row = Int32(1)
-                masked = key & mask
-                is_gt = Int32(0)
-                is_eq = Int32(0)
-                if in_row != 0:
-                    if (masked ^ Int64(SIGN_BIT)) > prefix_flipped:
-                        is_gt = Int32(1)
-                    if masked == prefix:
-                        is_eq = Int32(1)
-                ballot_gt = cute.arch.vote_ballot_sync(is_gt != 0)
-                if ballot_gt != 0:
-                    base = Int32(0)
-                    if lane == 0:
-                        base = cute.arch.atomic_add((s_ctl.iterator + 3).llvm_ptr,
-                                                    cute.arch.popc(ballot_gt))
-                    base = cute.arch.shuffle_sync(base, 0)
-                    if is_gt != 0:
-                        pos = base + cute.arch.popc(ballot_gt & Int32(lanes_below))
-                        s_keys[pos] = key ^ Int64(SIGN_BIT)
-                ballot_eq = cute.arch.vote_ballot_sync(is_eq != 0)
-                if ballot_eq != 0:
-                    base = Int32(0)
-                    if lane == 0:
-                        base = cute.arch.atomic_add((s_ctl.iterator + 4).llvm_ptr,
-                                                    cute.arch.popc(ballot_eq))
-                    base = cute.arch.shuffle_sync(base, 0)
-                    if is_eq != 0:
-                        rank = base + cute.arch.popc(ballot_eq & Int32(lanes_below))
-                        if rank < need:
-                            s_keys[num_above + rank] = key ^ Int64(SIGN_BIT)
+        if cutlass.const_expr(ITEMS > 0):
+            for jr in cutlass.range_constexpr(ITEMS):
+                rin_row = Int32(0)
+                if jr * NT + tidx < n_total:
+                    rin_row = Int32(1)
+                _gather_one(regs[jr], rin_row, mask, prefix, need, num_above, lane, lanes_below,
+                            s_keys, s_ctl)
+        else:
+            for w in cutlass.range(num_segments):
+                for c0 in cutlass.range(0, seg_len, NT):
+                    c = c0 + tidx
+                    key = Int64(0)
+                    in_row = Int32(0)
+                    if c < seg_len:
+                        key = cand[w, row, c]
+                        in_row = Int32(1)
+                    _gather_one(key, in_row, mask, prefix, need, num_above, lane,
+                                lanes_below, s_keys, s_ctl)
         # Pad to the sort size with key 0 (stored flipped: the smallest int64).
         for i in cutlass.range(sel + tidx, n_sort, NT):
             s_keys[i] = Int64(SIGN_BIT)

@@ -127,11 +127,14 @@ def test_one_row_large(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("n,k", [(4096, 4096), (4097, 4097), (5000, 4100), (20000, 8192),
-                                 (16384, 16384), (9000, 20000)])
-def test_variant_boundaries(device, n, k):
-    """k around the shared-memory capacities of the CUDA variants (4096 and 16384)."""
-    check(make_keys("ties", 2, n, seed=3), k, device)
+@pytest.mark.parametrize("kind", ["ties", "random"])
+@pytest.mark.parametrize("n,k", [(4096, 4096), (8192, 2048), (8193, 2048), (16384, 4096),
+                                 (16385, 100), (30000, 4096), (4097, 4097), (5000, 4100),
+                                 (20000, 8192), (16384, 16384), (9000, 20000)])
+def test_variant_boundaries(device, kind, n, k):
+    """Around the limits of the CUDA variants (cute_dsl_aot/export.py VARIANTS): keys in
+    registers for N <= 8192 and N <= 16384, streamed beyond; 4096 or 16384 sorted keys."""
+    check(make_keys(kind, 2, n, seed=3), k, device)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -160,7 +163,8 @@ def test_strided_2d(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("W,K,k", [(4, 512, 512), (8, 100, 333), (3, 1, 2), (1, 64, 64)])
+@pytest.mark.parametrize("W,K,k", [(4, 512, 512), (8, 100, 333), (3, 1, 2), (1, 64, 64),
+                                   (8, 2048, 2048), (4, 5000, 1000), (2, 3000, 6000)])
 def test_gathered_3d(device, W, K, k):
     """[W, rows, K] (all_gather_into_tensor layout) equals torch.cat along dim 1."""
     rows = 5
@@ -253,6 +257,21 @@ def test_errors_cuda():
         f(cands, 16385)
     with pytest.raises(ValueError, match="out must be on cuda"):
         f(cands, 4, out=torch.zeros(2, 4, dtype=torch.int32))
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="checks the error without a CUDA driver")
+def test_missing_driver_is_a_clear_error():
+    import ctypes
+    try:
+        ctypes.CDLL("libcuda.so.1")
+        pytest.skip("a CUDA driver is installed")
+    except OSError:
+        pass
+    cands = torch.zeros(1, 4, dtype=torch.int64)
+    out = torch.zeros(1, 2, dtype=torch.int32)
+    with pytest.raises(RuntimeError, match="cannot load the CUDA driver"):
+        dsa_ext._C.stable_topk_from_candidates(
+            (cands.data_ptr(), 1, 1, 4, 0, 4, 1), (out.data_ptr(), 1, 2, 2, 1), 0, 0)
 
 
 def test_torch_compile_fullgraph_cpu():

@@ -22,7 +22,8 @@ struct EmbeddedKernel {
   unsigned block[3];
   unsigned cluster[3];
   unsigned dynamic_smem;  // bytes
-  int64_t capacity;       // variant-specific limit (stable_topk: max selected keys)
+  int64_t capacity;       // stable_topk: most keys the shared-memory sort holds
+  int64_t max_n;          // stable_topk: most candidates per row (0: any)
 };
 
 extern const EmbeddedKernel kEmbeddedKernels[];

@@ -42,8 +42,11 @@ void stable_topk_cuda(const TopkCandidates& cand, const Strided2D<int32_t>& out,
   const LoadedKernel* variants =
       kernels_for_device("stable_topk", static_cast<int>(place.device), &count);
   const LoadedKernel* chosen = nullptr;
-  for (int i = 0; i < count && chosen == nullptr; ++i) {
-    if (variants[i].info->capacity >= n_sort) chosen = &variants[i];
+  for (int i = 0; i < count && chosen == nullptr; ++i) {  // manifest order: fastest first
+    const EmbeddedKernel& e = *variants[i].info;
+    if (e.capacity >= n_sort && (e.max_n == 0 || e.max_n >= cand.per_row())) {
+      chosen = &variants[i];
+    }
   }
   if (chosen == nullptr) {
     throw std::runtime_error("dsa_ext: stable_topk_from_candidates: min(k, N) = " +
