@@ -47,6 +47,9 @@ def export_arch(arch: str, out_dir: str, keep_ptx: bool = False) -> dict:
     """Compile every variant for `arch` (CUTE_DSL_ARCH must equal it) and write the files."""
     if os.environ.get("CUTE_DSL_ARCH") != arch:
         raise RuntimeError(f"set CUTE_DSL_ARCH={arch} in the environment to export {arch}")
+    # No compile cache on disk: exports for several archs may run in parallel (the build
+    # does), and every export should really compile.
+    os.environ["CUTE_DSL_DISABLE_FILE_CACHING"] = "1"
     import cuda.bindings.driver as cuda
     import cutlass
     import cutlass.cute as cute

@@ -247,6 +247,11 @@ def make_stable_topk(num_threads: int, max_sel: int, items_per_thread: int = 0):
         cute.arch.sync_threads()
 
         # ---- 3. bitonic sort, descending --------------------------------------------
+        # Compare-exchange i of a stage with stride s <= 32 touches elements inside the
+        # 64-element block 2 * (i & ~31) + [0, 64): the 32 lanes of a warp (consecutive
+        # i, 32-aligned since NT % 32 == 0) own that block alone. Between two such stages
+        # a warp barrier orders the shared-memory accesses; a CTA barrier is needed only
+        # around stages with stride > 32.
         half = n_sort >> 1
         for lvl in cutlass.range_constexpr(1, log2_max_sel + 1):
             size = 1 << lvl
@@ -266,7 +271,12 @@ def make_stable_topk(num_threads: int, max_sel: int, items_per_thread: int = 0):
                             if a > b:  # ascending run
                                 s_keys[lo] = b
                                 s_keys[hi] = a
-                    cute.arch.sync_threads()
+                    next_stride = stride >> 1 if sl > 0 else size  # next level: size
+                    if cutlass.const_expr(stride > 32 or next_stride > 32):
+                        cute.arch.sync_threads()
+                    else:
+                        cute.arch.sync_warp()
+        cute.arch.sync_threads()  # the last level run may have ended on a warp barrier
 
         # ---- 4. decode and write --------------------------------------------------------
         for i in cutlass.range(tidx, k, NT):

@@ -295,30 +295,52 @@ def test_registered_op_and_fake():
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
-def test_cuda_graph_replay_and_no_host_sync():
-    rows, W, K, k = 64, 4, 2048, 2048
-    gathered = torch.stack([make_keys("random", rows, K, seed=30 + w) for w in range(W)])
-    cands = gathered.cuda()
+@pytest.mark.parametrize("W,K,k", [(4, 2048, 2048), (8, 2048, 2048), (4, 6000, 3000),
+                                   (2, 4096, 8192)])
+def test_cuda_no_host_sync(W, K, k):
+    rows = 64
+    host = torch.stack([make_keys("random", rows, K, seed=30 + w) for w in range(W)])
+    cands = host.cuda()
     out = torch.empty(rows, k, dtype=torch.int32, device="cuda")
+    dsa_ext.stable_topk_from_candidates(cands, k, out=out)  # loads the cubins first
+    torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        dsa_ext.stable_topk_from_candidates(cands, k, out=out)  # loads the cubin
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            dsa_ext.stable_topk_from_candidates(cands, k, out=out)
-        torch.cuda.current_stream().wait_stream(s)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            dsa_ext.stable_topk_from_candidates(cands, k, out=out)
-        out.fill_(7)
-        new = torch.stack([make_keys("ties", rows, K, seed=40 + w) for w in range(W)])
-        cands.copy_(new.cuda())
-        graph.replay()
+        dsa_ext.stable_topk_from_candidates(cands, k, out=out)
+        allocated = dsa_ext.stable_topk_from_candidates(cands, k)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            on_side = dsa_ext.stable_topk_from_candidates(cands, k)
+        torch.cuda.current_stream().wait_stream(side)
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    torch.cuda.synchronize()
-    assert torch.equal(out.cpu(), reference.stable_topk_from_candidates(new, k))
+    want = reference.stable_topk_from_candidates(host, k)
+    for got in (out, allocated, on_side):
+        assert torch.equal(got.cpu(), want)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
+def test_cuda_graph_capture_replay():
+    rows, W, K, k = 64, 4, 2048, 2048
+    cands = torch.stack([make_keys("random", rows, K, seed=50 + w) for w in range(W)]).cuda()
+    out = torch.empty(rows, k, dtype=torch.int32, device="cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        dsa_ext.stable_topk_from_candidates(cands, k, out=out)  # warm-up outside capture
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        dsa_ext.stable_topk_from_candidates(cands, k, out=out)
+    for seed, kind in ((60, "ties"), (70, "random"), (80, "shortfall")):
+        new = torch.stack([make_keys(kind, rows, K, seed=seed + w) for w in range(W)])
+        cands.copy_(new.cuda())
+        out.fill_(7)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out.cpu(), reference.stable_topk_from_candidates(new, k))
 
 
 @pytest.mark.cuda

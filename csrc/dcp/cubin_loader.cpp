@@ -32,6 +32,7 @@ struct Driver {
   decltype(&::cuLibraryLoadData) library_load_data = nullptr;
   decltype(&::cuLibraryGetKernel) library_get_kernel = nullptr;
   decltype(&::cuKernelSetAttribute) kernel_set_attribute = nullptr;
+  decltype(&::cuKernelGetFunction) kernel_get_function = nullptr;
   decltype(&::cuLaunchKernelEx) launch_kernel_ex = nullptr;
 };
 
@@ -66,6 +67,7 @@ const Driver& driver() {
     bind(lib, "cuLibraryLoadData", d.library_load_data, missing);
     bind(lib, "cuLibraryGetKernel", d.library_get_kernel, missing);
     bind(lib, "cuKernelSetAttribute", d.kernel_set_attribute, missing);
+    bind(lib, "cuKernelGetFunction", d.kernel_get_function, missing);
     bind(lib, "cuLaunchKernelEx", d.launch_kernel_ex, missing);
     if (!missing.empty()) {
       error = "dsa_ext: the CUDA driver lacks " + missing + " (a driver for CUDA 12.0 or "
@@ -101,6 +103,27 @@ std::string arch_of(int device) {
   if (major == 10 && minor == 0) return "sm_100a";
   return "sm_" + std::to_string(major) + std::to_string(minor);
 }
+
+//! Makes `wanted` the calling thread's current context for a scope, then restores.
+class ScopedContext {
+ public:
+  explicit ScopedContext(CUcontext wanted) {
+    check(driver().ctx_get_current(&previous_), "cuCtxGetCurrent");
+    if (previous_ != wanted) {
+      check(driver().ctx_set_current(wanted), "cuCtxSetCurrent");
+      changed_ = true;
+    }
+  }
+  ~ScopedContext() {
+    if (changed_) driver().ctx_set_current(previous_);
+  }
+  ScopedContext(const ScopedContext&) = delete;
+  ScopedContext& operator=(const ScopedContext&) = delete;
+
+ private:
+  CUcontext previous_ = nullptr;
+  bool changed_ = false;
+};
 
 std::string embedded_archs(const char* family) {
   std::string archs;
@@ -172,6 +195,9 @@ const LoadedKernel* kernels_for_device(const char* family, int device, int* coun
     check(d.device_get(&dev, device), "cuDeviceGet");
     check(d.primary_ctx_retain(&ctx, dev), "cuDevicePrimaryCtxRetain");  // kept for good
     std::vector<LoadedKernel> kernels = per_arch;
+    // Load every variant into the device's context now (not lazily at a first launch
+    // that might happen during stream capture).
+    const ScopedContext in_device_context(ctx);
     for (LoadedKernel& k : kernels) {
       k.context = ctx;
       CUkernel kernel = static_cast<CUkernel>(k.kernel);
@@ -186,6 +212,9 @@ const LoadedKernel* kernels_for_device(const char* family, int device, int* coun
                                      kernel, dev),
               "cuKernelSetAttribute(NON_PORTABLE_CLUSTER_SIZE_ALLOWED)");
       }
+      CUfunction function = nullptr;
+      check(d.kernel_get_function(&function, kernel), "cuKernelGetFunction");
+      k.function = function;
     }
     found = c.by_device.emplace(std::make_pair(std::string(family), device), kernels).first;
   }
@@ -217,14 +246,9 @@ void launch_kernel(const LoadedKernel& k, unsigned grid_x, void* stream, void** 
     cfg.numAttrs = 1;
   }
   // The caller's stream belongs to the device's primary context (torch uses those).
-  CUcontext current = nullptr;
-  check(d.ctx_get_current(&current), "cuCtxGetCurrent");
-  const CUcontext wanted = static_cast<CUcontext>(k.context);
-  if (current != wanted) check(d.ctx_set_current(wanted), "cuCtxSetCurrent");
-  const CUresult result =
-      d.launch_kernel_ex(&cfg, reinterpret_cast<CUfunction>(k.kernel), params, nullptr);
-  if (current != wanted) d.ctx_set_current(current);
-  check(result, "cuLaunchKernelEx");
+  const ScopedContext in_device_context(static_cast<CUcontext>(k.context));
+  check(d.launch_kernel_ex(&cfg, static_cast<CUfunction>(k.function), params, nullptr),
+        "cuLaunchKernelEx");
 }
 
 }  // namespace dsa

@@ -31,8 +31,9 @@ extern const int kNumEmbeddedKernels;
 
 //! A kernel ready to launch on one device (handles cached for the process lifetime).
 struct LoadedKernel {
-  void* kernel = nullptr;   // CUkernel
-  void* context = nullptr;  // CUcontext: the device's primary context
+  void* kernel = nullptr;    // CUkernel (context independent)
+  void* function = nullptr;  // CUfunction: the kernel loaded into `context`
+  void* context = nullptr;   // CUcontext: the device's primary context
   const EmbeddedKernel* info = nullptr;
 };
 
