@@ -25,9 +25,14 @@ Candidates are read as a 3-D tensor ``[W, rows, K]`` with arbitrary strides (row
 candidates are ``cand[w, r, :]`` for every w); a 2-D input is ``W = 1``. The output is a
 2-D int32 ``[rows, k]`` tensor with arbitrary strides.
 
+Variants differ in threads per CTA, the sort capacity ``max_sel`` and whether the row is
+loaded once into registers (``items_per_thread`` keys per thread, N at most
+``num_threads * items_per_thread``) or streamed from global memory on every pass.
+
 Launch: grid ``(rows, 1, 1)``, block ``(num_threads, 1, 1)``, the dynamic shared memory
 from :func:`smem_bytes`; no cluster. The host guarantees ``rows >= 1``,
-``1 <= sel <= max_sel`` and ``n_sort = next_pow2(sel) <= max_sel``.
+``1 <= sel <= max_sel``, ``n_sort = max(2, next_pow2(sel)) <= max_sel`` and, for the
+register variants, ``N <= num_threads * items_per_thread``.
 """
 from __future__ import annotations
 
