@@ -1,0 +1,94 @@
+"""``python -m dsa_ext``: what this install holds, and an end-to-end self-check.
+
+Prints the version, the compiled CUDA architectures and the device it sees, then runs
+every op on the GPU if there is one (else on the CPU) against the torch reference, with
+a timing each. Exits 1 if any check fails.
+"""
+from __future__ import annotations
+
+import sys
+import time
+import traceback
+from typing import Callable
+
+import torch
+
+import dsa_ext
+from dsa_ext import reference
+
+CHECKS: list[tuple[str, Callable[[torch.device], None]]] = []
+
+
+def check(name: str):
+    def register(fn):
+        CHECKS.append((name, fn))
+        return fn
+    return register
+
+
+def _equal(name: str, got: torch.Tensor, want: torch.Tensor) -> None:
+    got = got.cpu()
+    if got.shape != want.shape or not torch.equal(got, want.to(got.dtype)):
+        bad = (got != want).nonzero()
+        where = tuple(bad[0].tolist()) if bad.numel() else "shape"
+        raise AssertionError(f"{name}: mismatch vs reference at {where}")
+
+
+@check("convert_req_index_to_global_index")
+def _check_convert(device: torch.device) -> None:
+    g = torch.Generator().manual_seed(0)
+    T, K, R, NB, BS = 64, 2048, 8, 64, 64
+    block_table = torch.randint(0, 1 << 16, (R, NB), generator=g, dtype=torch.int32)
+    req_id = torch.randint(-1, R + 1, (T,), generator=g, dtype=torch.int32)
+    tok = torch.randint(-1, NB * BS * 2, (T, K), generator=g, dtype=torch.int32)
+    for world, rank, interleave, compact in ((1, 0, 1, False), (4, 3, 16, True),
+                                             (2, 0, 1, True)):
+        want, want_counts = reference.convert_req_index_to_global_index(
+            req_id, block_table, tok, BS, dcp_world_size=world, dcp_rank=rank,
+            interleave=interleave, compact=compact)
+        got, counts = dsa_ext.convert_req_index_to_global_index(
+            req_id.to(device), block_table.to(device), tok.to(device), BS,
+            dcp_world_size=world, dcp_rank=rank, interleave=interleave, compact=compact,
+            return_valid_counts=True)
+        _equal("slots", got, want)
+        _equal("valid_counts", counts, want_counts)
+
+
+def _time_us(fn: Callable[[], None], device: torch.device, iters: int = 50) -> float:
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return (time.perf_counter() - t0) * 1e6 / iters
+
+
+def main() -> int:
+    print(f"dsa_ext {dsa_ext.__version__}  torch {torch.__version__}  "
+          f"compiled for: {', '.join(dsa_ext.cuda_archs)}")
+    if torch.cuda.is_available():
+        device = torch.device("cuda", torch.cuda.current_device())
+        props = torch.cuda.get_device_properties(device)
+        print(f"device: {props.name} (sm_{props.major}{props.minor}, "
+              f"{props.multi_processor_count} SMs)")
+    else:
+        device = torch.device("cpu")
+        print("device: no CUDA device visible; checking the CPU implementations")
+    failed = 0
+    for name, fn in CHECKS:
+        try:
+            us = _time_us(lambda: fn(device), device, iters=3)
+            print(f"  ok    {name:40} {us / 1e3:8.1f} ms per check")
+        except Exception:  # noqa: BLE001 - report every failure, keep going
+            failed += 1
+            print(f"  FAIL  {name}")
+            traceback.print_exc()
+    print(f"{len(CHECKS) - failed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,202 @@
+"""Benchmarks: ``python -m dsa_ext.bench [--json PATH] [--filter TEXT]``.
+
+Per case: the per-launch device time from CUDA-graph replays (many launches in one graph,
+median over several replays, inputs rotated so they don't sit in L2 unless they are small
+enough to live there in production too), the eager wall time of one call (host overhead
+included), the bytes the op must move at least (each input read once, each output
+written once), GB/s and the share of the device's copy bandwidth measured in the same run
+(an SM kernel reading and writing each byte once; a plain copy_ would run on the copy
+engines and understate the ceiling).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+
+import dsa_ext
+from . import reference  # noqa: F401  (imported so the bench fails early on a bad install)
+
+
+@dataclass
+class Case:
+    op: str
+    shape: str
+    bytes_moved: int
+    #: returns a list of zero-argument callables, one per rotated input copy
+    make: Callable[[torch.device, int], list]
+    baseline_us: Optional[float] = None  # the reference server's number on the H200
+    target_us: Optional[float] = None
+
+
+CASES: list[Case] = []
+
+
+def case(op, shape, bytes_moved, baseline_us=None, target_us=None):
+    def register(make):
+        CASES.append(Case(op, shape, bytes_moved, make, baseline_us, target_us))
+        return make
+    return register
+
+
+# ---------------------------------------------------------------------------------------
+# Timers
+# ---------------------------------------------------------------------------------------
+
+
+def graph_us(calls: list, launches: int = 20, replays: int = 15) -> float:
+    """Median per-launch device time of `launches` calls captured in one CUDA graph."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for fn in calls:  # warm up (lazy loads, allocator) outside the capture
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(launches):
+            calls[i % len(calls)]()
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(replays):
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / launches)
+    return statistics.median(times)
+
+
+def eager_us(calls: list, iters: int = 200) -> float:
+    """Wall time per eager call (host overhead and launch included), median of 5 runs."""
+    for fn in calls:
+        fn()
+    torch.cuda.synchronize()
+    runs = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for i in range(iters):
+            calls[i % len(calls)]()
+        torch.cuda.synchronize()
+        runs.append((time.perf_counter() - t0) * 1e6 / iters)
+    return statistics.median(runs)
+
+
+def copy_bandwidth_gbs(device: torch.device, nbytes: int = 2 << 30) -> float:
+    """Device copy bandwidth (bytes read + written per second) of an SM kernel."""
+    x = torch.rand(nbytes // 8, device=device)
+    y = torch.empty_like(x)
+    calls = [lambda: torch.mul(x, 1.0, out=y)]
+    us = graph_us(calls, launches=5, replays=7)
+    return 2 * x.numel() * 4 / (us * 1e-6) / 1e9
+
+
+def copies_for(nbytes: int, device: torch.device) -> int:
+    """Input copies to rotate so that the rotation does not fit in L2 (max 16)."""
+    l2 = torch.cuda.get_device_properties(device).L2_cache_size
+    return max(1, min(16, -(-3 * l2 // max(nbytes, 1))))
+
+
+# ---------------------------------------------------------------------------------------
+# Cases: index conversion (spec 2), K = 2048 with compaction, as in the issue's targets
+# ---------------------------------------------------------------------------------------
+
+
+def _convert_inputs(T: int, K: int, world: int, device, seed: int):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    R, NB, BS = max(T // 4, 1), 4096, 64
+    block_table = torch.randint(0, 1 << 20, (R, NB), generator=g, dtype=torch.int32)
+    req_id = torch.randint(0, R, (T,), generator=g, dtype=torch.int32)
+    tok = torch.randint(0, NB * BS // 2, (T, K), generator=g, dtype=torch.int32)
+    tok[torch.rand(T, K, generator=g) < 0.1] = -1
+    return [x.to(device) for x in (req_id, block_table, tok)]
+
+
+def _register_convert(T: int, world: int, baseline: float, target: float, K: int = 2048):
+    # token_indices read + out written + counts written (block-table rows hit in cache)
+    nbytes = 2 * T * K * 4 + T * 4
+
+    @case("convert_req_index (compact)", f"T={T} K={K} W={world}", nbytes, baseline, target)
+    def make(device, copies):
+        calls = []
+        for i in range(copies):
+            req_id, block_table, tok = _convert_inputs(T, K, world, device, seed=i)
+            out = torch.empty_like(tok)
+            counts = torch.empty(T, dtype=torch.int32, device=device)
+            calls.append(lambda r=req_id, b=block_table, t=tok, o=out, c=counts:
+                         dsa_ext.convert_req_index_to_global_index(
+                             r, b, t, 64, dcp_world_size=world, dcp_rank=world - 1,
+                             compact=True, out=o, valid_counts=c))
+        return calls
+
+
+for _T, _base1, _base4, _target in ((64, 2.9, 3.3, 2.5), (1024, 10.4, 10.9, 7.0),
+                                    (16384, 139.5, 142.0, 95.0)):
+    _register_convert(_T, 1, _base1, _target)
+    _register_convert(_T, 4, _base4, _target)
+
+
+# ---------------------------------------------------------------------------------------
+# Driver
+# ---------------------------------------------------------------------------------------
+
+
+def run(filter_text: str = "", device: Optional[torch.device] = None) -> dict:
+    device = device or torch.device("cuda", torch.cuda.current_device())
+    props = torch.cuda.get_device_properties(device)
+    copy_gbs = copy_bandwidth_gbs(device)
+    rows = []
+    for c in CASES:
+        if filter_text and filter_text not in f"{c.op} {c.shape}":
+            continue
+        calls = c.make(device, copies_for(c.bytes_moved, device))
+        g_us = graph_us(calls)
+        e_us = eager_us(calls)
+        gbs = c.bytes_moved / (g_us * 1e-6) / 1e9
+        rows.append(dict(op=c.op, shape=c.shape, graph_us=g_us, eager_us=e_us, gbs=gbs,
+                         copy_share=gbs / copy_gbs, baseline_us=c.baseline_us,
+                         target_us=c.target_us))
+        del calls
+    return dict(device=props.name, torch=torch.__version__, dsa_ext=dsa_ext.__version__,
+                copy_gbs=copy_gbs, rows=rows)
+
+
+def format_table(result: dict) -> str:
+    lines = [f"dsa_ext {result['dsa_ext']} on {result['device']} (torch {result['torch']}); "
+             f"device copy bandwidth {result['copy_gbs']:.0f} GB/s",
+             f"{'op':34} {'shape':24} {'graph us':>9} {'eager us':>9} {'GB/s':>7} "
+             f"{'% copy':>7} {'baseline':>9} {'target':>7}"]
+    for r in result["rows"]:
+        fmt = lambda v: "" if v is None else f"{v:.1f}"  # noqa: E731
+        lines.append(f"{r['op']:34} {r['shape']:24} {r['graph_us']:9.2f} {r['eager_us']:9.2f} "
+                     f"{r['gbs']:7.0f} {100 * r['copy_share']:6.1f}% {fmt(r['baseline_us']):>9} "
+                     f"{fmt(r['target_us']):>7}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", help="also write the results to this file")
+    parser.add_argument("--filter", default="", help="only cases whose op/shape contain this")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("dsa_ext.bench needs a CUDA device")
+        return 2
+    result = run(args.filter)
+    print(format_table(result))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(result, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
