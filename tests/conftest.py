@@ -1,6 +1,17 @@
 """Shared fixtures: every op test runs on the CPU everywhere and on CUDA when present."""
+import os
+
 import pytest
 import torch
+from hypothesis import HealthCheck, settings
+
+# Random-case budgets: "dsa" for CI and GPU runs, "sanitizer" under compute-sanitizer
+# (every launch is ~100x slower there). Tests take @given alone and inherit these.
+_SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large]
+settings.register_profile("dsa", max_examples=100, deadline=None, suppress_health_check=_SLOW_OK)
+settings.register_profile("sanitizer", max_examples=6, deadline=None,
+                          suppress_health_check=_SLOW_OK)
+settings.load_profile(os.environ.get("DSA_EXT_HYPOTHESIS_PROFILE", "dsa"))
 
 HAS_CUDA = torch.cuda.is_available()
 

@@ -1,7 +1,7 @@
 """Index conversion (spec section 2): CPU and CUDA against the torch reference."""
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 import dsa_ext
@@ -142,7 +142,6 @@ def conversion_cases(draw):
     return req, block_table, tok, block_size, kw
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(conversion_cases())
 def test_random_cases_cpu(case):
     req, block_table, tok, block_size, kw = case
@@ -150,7 +149,6 @@ def test_random_cases_cpu(case):
 
 
 @pytest.mark.cuda
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(conversion_cases())
 def test_random_cases_cuda(case):
     req, block_table, tok, block_size, kw = case
