@@ -110,30 +110,37 @@ def copies_for(nbytes: int, device: torch.device) -> int:
 # ---------------------------------------------------------------------------------------
 
 
-def _convert_inputs(T: int, K: int, world: int, device, seed: int):
+# Workload: 128K-token contexts (NB = 2048 blocks of 64), 16 token rows per request
+# (prefill chunks, or decode with speculative tokens), top-K ids uniform over the
+# context with 10% -1 padding.
+_CONVERT_NB, _CONVERT_BS, _ROWS_PER_REQ = 2048, 64, 16
+
+
+def _convert_inputs(T: int, K: int, device, seed: int):
     g = torch.Generator(device="cpu").manual_seed(seed)
-    R, NB, BS = max(T // 4, 1), 4096, 64
-    block_table = torch.randint(0, 1 << 20, (R, NB), generator=g, dtype=torch.int32)
+    R = max(T // _ROWS_PER_REQ, 1)
+    block_table = torch.randint(0, 1 << 20, (R, _CONVERT_NB), generator=g, dtype=torch.int32)
     req_id = torch.randint(0, R, (T,), generator=g, dtype=torch.int32)
-    tok = torch.randint(0, NB * BS // 2, (T, K), generator=g, dtype=torch.int32)
+    tok = torch.randint(0, _CONVERT_NB * _CONVERT_BS, (T, K), generator=g, dtype=torch.int32)
     tok[torch.rand(T, K, generator=g) < 0.1] = -1
     return [x.to(device) for x in (req_id, block_table, tok)]
 
 
 def _register_convert(T: int, world: int, baseline: float, target: float, K: int = 2048):
-    # token_indices read + out written + counts written (block-table rows hit in cache)
-    nbytes = 2 * T * K * 4 + T * 4
+    # token_indices read + slots written + req_id/counts + each block-table row once
+    R = max(T // _ROWS_PER_REQ, 1)
+    nbytes = 2 * T * K * 4 + 2 * T * 4 + R * _CONVERT_NB * 4
 
     @case("convert_req_index (compact)", f"T={T} K={K} W={world}", nbytes, baseline, target)
     def make(device, copies):
         calls = []
         for i in range(copies):
-            req_id, block_table, tok = _convert_inputs(T, K, world, device, seed=i)
+            req_id, block_table, tok = _convert_inputs(T, K, device, seed=i)
             out = torch.empty_like(tok)
             counts = torch.empty(T, dtype=torch.int32, device=device)
             calls.append(lambda r=req_id, b=block_table, t=tok, o=out, c=counts:
                          dsa_ext.convert_req_index_to_global_index(
-                             r, b, t, 64, dcp_world_size=world, dcp_rank=world - 1,
+                             r, b, t, _CONVERT_BS, dcp_world_size=world, dcp_rank=world - 1,
                              compact=True, out=o, valid_counts=c))
         return calls
 
