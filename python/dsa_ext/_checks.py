@@ -23,14 +23,15 @@ def tensor(
     """Check that `t` is a tensor with the given dtype, rank and device."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if dtype is not None and t.dtype != dtype:
+    if dtype is not None and t.dtype is not dtype:
         raise TypeError(f"{name} must be {_dtype_name(dtype)}, got {t.dtype}")
     if ndim is not None and t.dim() != ndim:
         raise ValueError(f"{name} must be {ndim}-D, got shape {tuple(t.shape)}")
-    if device is not None and t.device != device:
+    if device is None:
+        if not (t.is_cuda or t.is_cpu):
+            raise ValueError(f"{name} must be on a CPU or CUDA device, got {t.device}")
+    elif t.device != device:
         raise ValueError(f"{name} must be on {device} like the other inputs, got {t.device}")
-    if t.device.type not in ("cpu", "cuda"):
-        raise ValueError(f"{name} must be on a CPU or CUDA device, got {t.device}")
     return t
 
 
@@ -39,7 +40,7 @@ def optional_tensor(name: str, t, dtype=None, ndim=None, device=None):
 
 
 def shape(name: str, t: torch.Tensor, expected: Sequence[int]) -> None:
-    if tuple(t.shape) != tuple(expected):
+    if t.shape != tuple(expected):
         raise ValueError(f"{name} must have shape {tuple(expected)}, got {tuple(t.shape)}")
 
 

@@ -27,12 +27,12 @@ def desc1(t: Optional[torch.Tensor]) -> tuple:
     """(data_ptr, size, stride) of a 1-D tensor; all zeros when absent."""
     if t is None:
         return _NO_DESC1
-    return (t.data_ptr(), t.shape[0], t.stride(0))
+    return (t.data_ptr(), *t.shape, *t.stride())
 
 
 def desc2(t: torch.Tensor) -> tuple:
     """(data_ptr, rows, cols, row_stride, col_stride) of a 2-D tensor."""
-    return (t.data_ptr(), t.shape[0], t.shape[1], t.stride(0), t.stride(1))
+    return (t.data_ptr(), *t.shape, *t.stride())
 
 
 try:
@@ -44,9 +44,9 @@ except AttributeError:  # pragma: no cover - older or CPU-only builds of torch
 
 def place(t: torch.Tensor) -> tuple[int, int]:
     """(device index, stream handle) for a launch on t's device; (-1, 0) on the CPU."""
-    if t.device.type == "cpu":
+    if not t.is_cuda:
         return -1, 0
-    index = t.device.index
+    index = t.get_device()
     return index, _raw_stream(index)
 
 
