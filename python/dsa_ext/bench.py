@@ -99,6 +99,12 @@ def copy_bandwidth_gbs(device: torch.device, nbytes: int = 2 << 30) -> float:
     return 2 * x.numel() * 4 / (us * 1e-6) / 1e9
 
 
+def launch_floor_us(device: torch.device) -> float:
+    """Per-launch time of a kernel that does almost nothing, from the same graph timer."""
+    x = torch.zeros(1, device=device)
+    return graph_us([lambda: x.add_(1.0)])
+
+
 def copies_for(nbytes: int, device: torch.device) -> int:
     """Input copies to rotate so that the rotation does not fit in L2 (max 16)."""
     l2 = torch.cuda.get_device_properties(device).L2_cache_size
@@ -160,6 +166,7 @@ def run(filter_text: str = "", device: Optional[torch.device] = None) -> dict:
     device = device or torch.device("cuda", torch.cuda.current_device())
     props = torch.cuda.get_device_properties(device)
     copy_gbs = copy_bandwidth_gbs(device)
+    floor_us = launch_floor_us(device)
     rows = []
     for c in CASES:
         if filter_text and filter_text not in f"{c.op} {c.shape}":
@@ -173,12 +180,13 @@ def run(filter_text: str = "", device: Optional[torch.device] = None) -> dict:
                          target_us=c.target_us))
         del calls
     return dict(device=props.name, torch=torch.__version__, dsa_ext=dsa_ext.__version__,
-                copy_gbs=copy_gbs, rows=rows)
+                copy_gbs=copy_gbs, launch_floor_us=floor_us, rows=rows)
 
 
 def format_table(result: dict) -> str:
     lines = [f"dsa_ext {result['dsa_ext']} on {result['device']} (torch {result['torch']}); "
-             f"device copy bandwidth {result['copy_gbs']:.0f} GB/s",
+             f"device copy bandwidth {result['copy_gbs']:.0f} GB/s; launch floor "
+             f"(1-element add_) {result['launch_floor_us']:.2f} us per graph launch",
              f"{'op':34} {'shape':24} {'graph us':>9} {'eager us':>9} {'GB/s':>7} "
              f"{'% copy':>7} {'baseline':>9} {'target':>7}"]
     for r in result["rows"]:
