@@ -13,8 +13,10 @@ namespace {
 
 constexpr int kItems = 8;  // columns per thread per tile
 
-template <int kThreads, bool kCompact>
-__global__ void __launch_bounds__(kThreads) convert_index_kernel(const ConvertIndexArgs a) {
+// kDense: token_indices, out and block_table rows are contiguous (column stride 1), so
+// column offsets need no multiply and loads take immediate offsets.
+template <int kThreads, bool kCompact, bool kDense>
+__global__ void __launch_bounds__(kThreads, 2048 / kThreads) convert_index_kernel(const ConvertIndexArgs a) {
   constexpr int kWarps = kThreads / 32;
   constexpr int kRuns = kItems * kWarps;  // 32-column runs per tile, in column order
   constexpr int64_t kTile = static_cast<int64_t>(kThreads) * kItems;
@@ -24,6 +26,8 @@ __global__ void __launch_bounds__(kThreads) convert_index_kernel(const ConvertIn
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const unsigned lanes_below = (1u << lane) - 1u;
   const int64_t K = a.token_indices.cols;
+  const int64_t in_stride = kDense ? 1 : a.token_indices.col_stride;
+  const int64_t out_stride = kDense ? 1 : a.out.col_stride;
   const bool need_count = kCompact || a.valid_counts.present();
 
   for (int64_t t = blockIdx.x; t < a.token_indices.rows; t += gridDim.x) {
@@ -36,11 +40,11 @@ __global__ void __launch_bounds__(kThreads) convert_index_kernel(const ConvertIn
 #pragma unroll
       for (int j = 0; j < kItems; ++j) {  // issue every load before the row lookup
         const int64_t c = tile + j * kThreads + threadIdx.x;
-        slot[j] = c < K ? in[c * a.token_indices.col_stride] : -1;
+        slot[j] = c < K ? in[c * in_stride] : -1;
       }
       const ConvertRow row = convert_row(a, t);
 #pragma unroll
-      for (int j = 0; j < kItems; ++j) slot[j] = convert_token(a, row, slot[j]);
+      for (int j = 0; j < kItems; ++j) slot[j] = convert_token<kDense>(a, row, slot[j]);
 
       unsigned valid[kItems];
 #pragma unroll
@@ -74,10 +78,10 @@ __global__ void __launch_bounds__(kThreads) convert_index_kernel(const ConvertIn
           if (slot[j] >= 0) {
             const int64_t pos = row_count + run_offset[j * kWarps + warp] +
                                 __popc(valid[j] & lanes_below);
-            out[pos * a.out.col_stride] = slot[j];
+            out[pos * out_stride] = slot[j];
           }
         } else if (c < K) {
-          out[c * a.out.col_stride] = slot[j];
+          out[c * out_stride] = slot[j];
         }
       }
       if (need_count) {
@@ -88,7 +92,7 @@ __global__ void __launch_bounds__(kThreads) convert_index_kernel(const ConvertIn
 
     if constexpr (kCompact) {
       for (int64_t c = row_count + threadIdx.x; c < K; c += kThreads) {
-        out[c * a.out.col_stride] = -1;
+        out[c * out_stride] = -1;
       }
     }
     if (threadIdx.x == 0 && a.valid_counts.present()) {
@@ -100,8 +104,12 @@ __global__ void __launch_bounds__(kThreads) convert_index_kernel(const ConvertIn
 template <int kThreads>
 void launch_with_threads(const ConvertIndexArgs& a, cudaStream_t stream) {
   const int64_t grid = a.token_indices.rows < kMaxGridX ? a.token_indices.rows : kMaxGridX;
-  auto kernel = a.compact ? convert_index_kernel<kThreads, true>
-                          : convert_index_kernel<kThreads, false>;
+  const bool dense = a.token_indices.col_stride == 1 && a.out.col_stride == 1 &&
+                     a.block_table.col_stride == 1;
+  auto kernel = a.compact ? (dense ? convert_index_kernel<kThreads, true, true>
+                                   : convert_index_kernel<kThreads, true, false>)
+                          : (dense ? convert_index_kernel<kThreads, false, true>
+                                   : convert_index_kernel<kThreads, false, false>);
   kernel<<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(a);
 }
 
