@@ -40,7 +40,9 @@ __global__ void __launch_bounds__(kThreads, 2048 / kThreads) convert_index_kerne
 #pragma unroll
       for (int j = 0; j < kItems; ++j) {  // issue every load before the row lookup
         const int64_t c = tile + j * kThreads + threadIdx.x;
-        slot[j] = c < K ? in[c * in_stride] : -1;
+        // Token ids are read once: stream them (evict-first) so that L1 keeps the
+        // block-table row that every token of the row gathers from.
+        slot[j] = c < K ? __ldcs(in + c * in_stride) : -1;
       }
       const ConvertRow row = convert_row(a, t);
 #pragma unroll
