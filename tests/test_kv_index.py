@@ -295,3 +295,25 @@ def test_safe_lengths(device):
     assert lengths.tolist() == [1, 3, 1, 1]
     assert idx[:, 0].tolist() == [0, 5, 9, 0]
     assert counts.tolist() == [0, 3, 1, 0]  # the raw counts are kept for masking
+
+
+@pytest.mark.cuda
+def test_row_offsets_beyond_2_pow_31_elements():
+    # Row 1 of token_indices and of out starts 2^31 + 64 elements after row 0 (8.6 GB
+    # buffers): every offset must be computed in 64 bits.
+    row_stride = 2**31 + 64
+    K = 8
+    big_in = torch.empty(row_stride + K, dtype=I32, device="cuda")
+    big_out = torch.full((row_stride + K,), 7, dtype=I32, device="cuda")
+    tok = big_in.as_strided((2, K), (row_stride, 1))
+    out = big_out.as_strided((2, K), (row_stride, 1))
+    tok.copy_(torch.tensor([[0, 1, 2, 3, -1, 5, 6, 7], [7, 6, 5, 4, 3, 2, 1, 0]], dtype=I32))
+    table = torch.tensor([[10, 20]], dtype=I32, device="cuda")
+    req = torch.zeros(2, dtype=I32, device="cuda")
+    dsa_ext.convert_req_index_to_global_index(req, table, tok, 4, compact=True, out=out)
+    want, _ = reference.convert_req_index_to_global_index(
+        req.cpu(), table.cpu(), tok.cpu(), 4, compact=True)
+    assert_equal(out, want)
+    assert big_out[K:K + 16].eq(7).all()  # nothing written between the rows
+    del big_in, big_out
+    torch.cuda.empty_cache()
