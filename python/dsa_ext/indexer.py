@@ -447,6 +447,8 @@ class IndexerMetadataBuilder:
             kernel that takes the row map needs no copy).
         max_kv_workspace: prefill KV-workspace budget in (local, compressed) KV entries.
         max_logits_bytes: prefill logits budget, rows x KV columns x 4 bytes.
+        deep_gemm_schedule: also compute DeepGEMM's ``get_paged_mqa_logits_metadata``
+            schedule in ``build_decode`` (needs deep_gemm; ``block_size`` is its block_kv).
 
     Example::
 
@@ -460,7 +462,7 @@ class IndexerMetadataBuilder:
                  interleave: int = 1, compress_ratio: int = 1,
                  fp4_indexer_cache: bool = False, kernel_declares_next_n_4: bool = False,
                  capability: Optional[Sequence[int]] = None,
-                 materialize_block_table: bool = False,
+                 materialize_block_table: bool = False, deep_gemm_schedule: bool = False,
                  max_kv_workspace: int = 1 << 18, max_logits_bytes: int = 1 << 30):
         self.device = torch.device(device)
         _checks.integer("next_n", next_n, 1)
@@ -492,7 +494,12 @@ class IndexerMetadataBuilder:
         self._table = None
         if materialize_block_table and self.path == "flatten":
             self._table = torch.zeros(cap, -(-max_model_len // block_size), **i32)
-        self._dg = _deep_gemm() if self.device.type == "cuda" else None
+        self._dg = None
+        if deep_gemm_schedule:
+            self._dg = _deep_gemm() if self.device.type == "cuda" else None
+            if self._dg is None:
+                raise ValueError("deep_gemm_schedule=True needs a CUDA device and deep_gemm "
+                                 "with get_paged_mqa_logits_metadata")
         self._num_sms = (torch.cuda.get_device_properties(self.device).multi_processor_count
                          if self._dg is not None else 0)
 
@@ -536,7 +543,8 @@ class IndexerMetadataBuilder:
         if not native and self._table is not None:
             nb = min(block_table.shape[1], self._table.shape[1])
             rows = self._table[:Td, :nb]
-            rows.copy_(block_table[:, :nb][row_map.clamp(min=0).long()] if B else rows)
+            if B:
+                rows.copy_(torch.index_select(block_table[:B, :nb], 0, row_map.clamp(min=0)))
             table, per_token = rows, True
         context_lens = local.view(shape)
         schedule = None
