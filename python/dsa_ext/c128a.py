@@ -83,8 +83,9 @@ def _c128a_impl(positions: Tensor, token_to_req: Tensor, block_table: Tensor,
     device, stream = _native.place(positions)
     _C.build_c128a_topk_metadata(
         _native.desc1(positions), _native.desc1(token_to_req), _native.desc2(block_table),
-        _native.desc1(slot_mapping), _native.desc2(decode_buffer[:Td, :width]),
-        _native.desc1(decode_lens_buffer[:Td]), _native.desc2(prefill_buffer[:T - Td, :width]),
+        _native.desc1(slot_mapping), _native.desc2_prefix(decode_buffer, Td, width),
+        _native.desc1_prefix(decode_lens_buffer, Td),
+        _native.desc2_prefix(prefill_buffer, T - Td, width),
         compress_ratio, block_size, Td, width, device, stream)
 
 
@@ -156,6 +157,19 @@ def build_c128a_topk_metadata(
         >>> dec[0, :3].tolist(), lens.tolist(), pre[0, :5].tolist()
         ([768, 769, -1], [2], [0, 1, 2, 3, -1])
     """
+    _validate(positions, compress_ratio, num_decode_tokens, token_to_req, block_table,
+              block_size, slot_mapping, decode_buffer, decode_lens_buffer, prefill_buffer,
+              width)
+    Td, T = num_decode_tokens, positions.shape[0]
+    _native.call(_c128a_op, positions, token_to_req, block_table, slot_mapping, decode_buffer,
+                 decode_lens_buffer, prefill_buffer, compress_ratio, block_size, Td, width)
+    return (decode_buffer[:Td, :width], decode_lens_buffer[:Td],
+            prefill_buffer[:T - Td, :width])
+
+
+def _validate(positions, compress_ratio, num_decode_tokens, token_to_req, block_table,
+              block_size, slot_mapping, decode_buffer, decode_lens_buffer, prefill_buffer,
+              width) -> None:
     _checks.tensor("positions", positions, torch.int64, 1)
     device = positions.device
     T = positions.shape[0]
@@ -178,10 +192,6 @@ def build_c128a_topk_metadata(
                              f"({buf.shape[1]} columns)")
     _checks.tensor("decode_lens_buffer", decode_lens_buffer, torch.int32, 1, device)
     _checks.dim_at_least("decode_lens_buffer", decode_lens_buffer, 0, Td)
-    _native.call(_c128a_op, positions, token_to_req, block_table, slot_mapping, decode_buffer,
-                 decode_lens_buffer, prefill_buffer, compress_ratio, block_size, Td, width)
-    return (decode_buffer[:Td, :width], decode_lens_buffer[:Td],
-            prefill_buffer[:T - Td, :width])
 
 
 class C128AMetadataBuilder:
@@ -213,6 +223,7 @@ class C128AMetadataBuilder:
         self.decode_lens_buffer = torch.zeros(max_num_tokens, dtype=torch.int32,
                                               device=self.device)
         self.prefill_buffer = torch.full(shape, -1, dtype=torch.int32, device=self.device)
+        self._views: dict = {}  # (T, Td, width) -> output views (slicing costs host time)
 
     def width(self, max_seq_len: int) -> int:
         """Active width for a batch whose longest sequence is ``max_seq_len`` (host int)."""
@@ -232,7 +243,18 @@ class C128AMetadataBuilder:
                              f"max_num_tokens ({self.max_num_tokens})")
         if width is None:
             width = self.width(max_seq_len)
-        return build_c128a_topk_metadata(
-            positions, self.compress_ratio, num_decode_tokens, token_to_req, block_table,
-            block_size, slot_mapping, self.decode_buffer, self.decode_lens_buffer,
-            self.prefill_buffer, width)
+        bufs = (self.decode_buffer, self.decode_lens_buffer, self.prefill_buffer)
+        _validate(positions, self.compress_ratio, num_decode_tokens, token_to_req, block_table,
+                  block_size, slot_mapping, *bufs, width)
+        T, Td = positions.shape[0], num_decode_tokens
+        _native.call(_c128a_op, positions, token_to_req, block_table, slot_mapping, *bufs,
+                     self.compress_ratio, block_size, Td, width)
+        key = (T, Td, width)
+        views = self._views.get(key)
+        if views is None:
+            if len(self._views) > 4096:
+                self._views.clear()
+            views = self._views[key] = (self.decode_buffer[:Td, :width],
+                                        self.decode_lens_buffer[:Td],
+                                        self.prefill_buffer[:T - Td, :width])
+        return views

@@ -94,24 +94,24 @@ def decode_path(capability_major_minor: Sequence[int], next_n: int,
 # ---------------------------------------------------------------------------------------
 
 
-def _expand_impl(seq_lens: Tensor, query_start_loc: Optional[Tensor], next_n: int,
+def _expand_impl(seq_lens: Tensor, num_reqs: int, query_start_loc: Optional[Tensor], next_n: int,
                  num_decode_tokens: int, compress_ratio: int, dcp_rank: Optional[int],
                  dcp_world_size: int, interleave: int, global_lens: Tensor,
                  local_lens: Tensor, row_map: Tensor) -> None:
     Td = num_decode_tokens
-    local = local_lens[:Td]
-    local_desc = (local.data_ptr(), Td, 1, local.stride(0), 1) if local.dim() == 1 \
-        else _native.desc2(local)
+    local_desc = (local_lens.data_ptr(), Td, 1, local_lens.stride(0), 1) \
+        if local_lens.dim() == 1 else _native.desc2_prefix(local_lens, Td, local_lens.shape[1])
     device, stream = _native.place(seq_lens)
     _C.expand_decode_seq_lens(
-        _native.desc1(seq_lens), _native.desc1(query_start_loc), next_n, Td, compress_ratio,
+        _native.desc1_prefix(seq_lens, num_reqs), _native.desc1(query_start_loc), next_n, Td,
+        compress_ratio,
         -1 if dcp_rank is None else dcp_rank, dcp_world_size, interleave,
-        _native.desc1(global_lens[:Td]), local_desc, _native.desc1(row_map[:Td]),
+        _native.desc1_prefix(global_lens, Td), local_desc, _native.desc1_prefix(row_map, Td),
         device, stream)
 
 
 _expand_op = _native.define(
-    "expand_decode_seq_lens(Tensor seq_lens, Tensor? query_start_loc, int next_n, "
+    "expand_decode_seq_lens(Tensor seq_lens, int num_reqs, Tensor? query_start_loc, int next_n, "
     "int num_decode_tokens, int compress_ratio, int? dcp_rank, int dcp_world_size, "
     "int interleave, Tensor(a!) global_lens, Tensor(b!) local_lens, Tensor(c!) row_map) -> ()",
     _expand_impl, _native.no_result)
@@ -191,7 +191,6 @@ def decode_context_lens(
         _checks.tensor("query_start_loc", query_start_loc, torch.int32, 1, device)
         _checks.same_length("query_start_loc", query_start_loc, "seq_lens plus one", B + 1,
                             at_least=True)
-        query_start_loc = query_start_loc[:B + 1]
     _checks.integer("compress_ratio", compress_ratio, 1)
     _checks.dcp_layout(dcp_world_size, dcp_rank, interleave)
     Td = num_decode_tokens
@@ -199,7 +198,7 @@ def decode_context_lens(
     local_out = _buffer("local_out", local_out, Td,
                         dcp_world_size if dcp_rank is None else None, device)
     row_map_out = _buffer("row_map_out", row_map_out, Td, None, device)
-    _native.call(_expand_op, seq_lens, query_start_loc, next_n or 1, Td, compress_ratio,
+    _native.call(_expand_op, seq_lens, B, query_start_loc, next_n or 1, Td, compress_ratio,
                  dcp_rank, dcp_world_size, interleave, out, local_out, row_map_out)
     return out[:Td], local_out[:Td], row_map_out[:Td]
 
@@ -491,6 +490,7 @@ class IndexerMetadataBuilder:
         self._global = torch.zeros(cap, **i32)
         self._local = torch.zeros(cap, **i32)
         self._row_map = torch.full((cap,), -1, **i32)
+        self._views: dict = {}  # (B, Td, native) -> views of the buffers
         self._table = None
         if materialize_block_table and self.path == "flatten":
             self._table = torch.zeros(cap, -(-max_model_len // block_size), **i32)
@@ -525,38 +525,53 @@ class IndexerMetadataBuilder:
         _checks.dim_at_least("seq_lens", seq_lens, 0, B)
         _checks.tensor("block_table", block_table, torch.int32, 2, self.device)
         _checks.dim_at_least("block_table", block_table, 0, B)
-        if uniform and Td != B * n:
-            raise ValueError(f"num_decode_tokens must be num_decode_reqs * next_n = {B * n} "
-                             f"for a uniform batch, got {Td}")
-        if not uniform and query_start_loc is None:
-            raise ValueError("query_start_loc is required for a ragged batch")
-        glob, local, row_map = decode_context_lens(
-            seq_lens[:B], Td, next_n=n if uniform else None,
-            query_start_loc=None if uniform else query_start_loc,
-            compress_ratio=self.compress_ratio, dcp_world_size=self.world,
-            dcp_rank=self.rank, interleave=self.interleave, out=self._global,
-            local_out=self._local, row_map_out=self._row_map)
+        if uniform:
+            if Td != B * n:
+                raise ValueError(f"num_decode_tokens must be num_decode_reqs * next_n = "
+                                 f"{B * n} for a uniform batch, got {Td}")
+            query_start_loc = None
+        else:
+            if query_start_loc is None:
+                raise ValueError("query_start_loc is required for a ragged batch")
+            _checks.tensor("query_start_loc", query_start_loc, torch.int32, 1, self.device)
+            _checks.same_length("query_start_loc", query_start_loc, "num_decode_reqs plus one",
+                                B + 1, at_least=True)
+        # One launch: global and local per-token lengths and the row map, into the
+        # capacity buffers (the views below are cached: slicing costs host time).
+        _native.call(_expand_op, seq_lens, B, query_start_loc, n, Td, self.compress_ratio,
+                     self.rank, self.world, self.interleave, self._global, self._local,
+                     self._row_map)
         native = uniform and self.path == "native"
-        shape = (B, n) if native else (Td, 1)
-        table = block_table[:B]
-        per_token = False
-        if not native and self._table is not None:
+        glob, local, row_map, glob_2d, local_2d = self._decode_views(B, Td, native)
+        table, per_token = (block_table[:B] if block_table.shape[0] != B else block_table), False
+        if not native and self._table is not None and Td:
             nb = min(block_table.shape[1], self._table.shape[1])
             rows = self._table[:Td, :nb]
             if B:
                 rows.copy_(torch.index_select(block_table[:B, :nb], 0, row_map.clamp(min=0)))
             table, per_token = rows, True
-        context_lens = local.view(shape)
         schedule = None
         if self._dg is not None and Td:
             schedule = self._dg.get_paged_mqa_logits_metadata(
-                context_lens, self.block_size, self._num_sms)
+                local_2d, self.block_size, self._num_sms)
         return DecodeMetadata(
             path="native" if native else "flatten", next_n=n, num_reqs=B, num_tokens=Td,
-            context_lens=context_lens, global_context_lens=glob.view(shape),
-            seq_lens_per_token=glob, local_seq_lens_per_token=local, row_ends=local,
-            row_map=row_map, block_table=table, block_table_is_per_token=per_token,
+            context_lens=local_2d, global_context_lens=glob_2d, seq_lens_per_token=glob,
+            local_seq_lens_per_token=local, row_ends=local, row_map=row_map,
+            block_table=table, block_table_is_per_token=per_token,
             max_context_len=self.max_context_len, schedule_metadata=schedule)
+
+    def _decode_views(self, B: int, Td: int, native: bool) -> tuple:
+        key = (B, Td, native)
+        views = self._views.get(key)
+        if views is None:
+            if len(self._views) > 4096:
+                self._views.clear()
+            shape = (B, self.next_n) if native else (Td, 1)
+            glob, local, row_map = self._global[:Td], self._local[:Td], self._row_map[:Td]
+            views = self._views[key] = (glob, local, row_map, glob.view(shape),
+                                        local.view(shape))
+        return views
 
     # -- prefill -----------------------------------------------------------------------
 
