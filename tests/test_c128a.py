@@ -344,3 +344,36 @@ def test_cuda_graph_replay_new_inputs_and_two_widths_no_sync():
         assert torch.equal(builder.decode_buffer[:, 128:256], after_256)
         assert (builder.decode_buffer[:, 256:] == -1).all()  # never touched: initial -1
         assert outs[128][0].stride() == (cap, 1)
+
+
+@pytest.mark.cuda
+def test_spec_vector_two_in_graphs_at_256_then_128():
+    dev = torch.device("cuda")
+    args = [SPEC2[k].to(dev) for k in ("positions", "token_to_req", "block_table",
+                                       "slot_mapping")]
+    bufs = make_buffers(4, 512, dev)
+    staged = [torch.zeros_like(a) for a in args]  # graph inputs, filled before replay
+
+    def step(width):
+        return dsa_ext.build_c128a_topk_metadata(staged[0], 128, 2, staged[1], staged[2], 512,
+                                                 staged[3], *bufs, width)
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step(256), step(128)
+    torch.cuda.current_stream().wait_stream(stream)
+    for b in bufs:
+        b.fill_(SENTINEL)
+    graphs, outs = {}, {}
+    for width in (256, 128):
+        graphs[width] = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graphs[width]):
+            outs[width] = step(width)
+    for dst, src in zip(staged, args):
+        dst.copy_(src)
+    graphs[256].replay()
+    check_spec2(*outs[256], bufs, 256, 256)
+    graphs[128].replay()
+    check_spec2(*outs[128], bufs, 128, 256)
+    assert bufs[0][0, 128:256].tolist() == [-1] * 128  # left from the width-256 replay

@@ -329,6 +329,23 @@ def test_builder_dcp_keeps_global_lengths(device):
     assert md.context_lens.reshape(-1)[:3].tolist() == [4, 4, 5]
 
 
+def test_builder_compression_and_interleave(device):
+    S, qsl = i32([1000, 0, 517], device), i32([0, 2, 2, 4], device)
+    b = IndexerMetadataBuilder(device, 2, 64, 4, 4096, dcp_world_size=4, dcp_rank=3,
+                               interleave=16, compress_ratio=4, capability=(9, 0))
+    for uniform in (True, False):
+        md = b.build_decode(S, qsl if not uniform else None,
+                            torch.zeros(3, 1, dtype=I32, device=device), 3,
+                            6 if uniform else 4, uniform=uniform)
+        want_g, want_l, _ = reference.decode_context_lens(
+            S.cpu(), 6 if uniform else 4, next_n=2 if uniform else None,
+            query_start_loc=None if uniform else qsl.cpu(), compress_ratio=4,
+            dcp_world_size=4, dcp_rank=3, interleave=16)
+        assert_equal(md.seq_lens_per_token, want_g, uniform=uniform)
+        assert_equal(md.context_lens.reshape(-1), want_l, uniform=uniform)
+    assert md.max_context_len == 1024
+
+
 def test_native_and_flattened_logits_are_identical():
     torch.manual_seed(0)
     B, next_n, H, D, bs, NB, num_blocks = 3, 4, 4, 32, 16, 5, 64
