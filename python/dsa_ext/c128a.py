@@ -62,7 +62,7 @@ def c128a_topk_width(max_seq_len: int, capacity: int, compress_ratio: int = 128,
     """
     _ratio_alignment(compress_ratio, alignment)
     _checks.integer("max_seq_len", max_seq_len, 0, None)
-    _checks.integer("capacity", capacity, 0, None)
+    _checks.integer("capacity", capacity, 1, None)
     needed = max_seq_len // compress_ratio
     pow2 = 1 << (max(needed, 1) - 1).bit_length()
     width = min(max(pow2, alignment), capacity)

@@ -441,7 +441,7 @@ class IndexerMetadataBuilder:
         dcp_world_size, dcp_rank, interleave: DCP layout (``block_size % interleave == 0``).
         compress_ratio: lengths //= ratio (1 = none).
         fp4_indexer_cache, kernel_declares_next_n_4: decode-path table inputs.
-        materialize_block_table: on the flattened path, also copy each token's block-table
+        materialize_block_table: on flattened builds, also copy each token's block-table
             row into a ``[max_num_reqs * next_n, NB]`` buffer (DeepGEMM reads a table; a
             kernel that takes the row map needs no copy).
         max_kv_workspace: prefill KV-workspace budget in (local, compressed) KV entries.
@@ -492,7 +492,7 @@ class IndexerMetadataBuilder:
         self._row_map = torch.full((cap,), -1, **i32)
         self._views: dict = {}  # (B, Td, native) -> views of the buffers
         self._table = None
-        if materialize_block_table and self.path == "flatten":
+        if materialize_block_table:  # ragged batches are flattened on every path
             self._table = torch.zeros(cap, -(-max_model_len // block_size), **i32)
         self._dg = None
         if deep_gemm_schedule:
