@@ -499,3 +499,34 @@ def test_decode_build_graph_replay_no_sync(uniform, capability):
         assert_equal(md.row_map, want_map, seed=seed)
         if md.block_table_is_per_token:
             assert_equal(md.block_table, new_table[want_map.long().clamp(min=0)], seed=seed)
+
+
+@pytest.mark.cuda
+def test_prefill_build_reads_sizes_back_at_most_once():
+    import warnings
+    dev = torch.device("cuda")
+    g = torch.Generator().manual_seed(9)
+    S = torch.randint(100, 3000, (10,), generator=g, dtype=I32)
+    qlen = torch.randint(1, 60, (10,), generator=g)
+    qsl = torch.cat([torch.zeros(1, dtype=torch.int64), qlen.cumsum(0)]).to(I32)
+    b = IndexerMetadataBuilder(dev, 1, 64, 4, 1 << 16, dcp_world_size=2, dcp_rank=1,
+                               max_kv_workspace=3000, max_logits_bytes=1 << 15)
+    S_dev, qsl_dev = S.to(dev), qsl.to(dev)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            chunks = b.build_prefill(S_dev, qsl_dev)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    syncs = [w for w in caught if "synchroniz" in str(w.message).lower()]
+    assert len(chunks) > 1 and len(syncs) <= 1, [str(w.message) for w in syncs]
+    torch.cuda.set_sync_debug_mode("error")
+    try:  # with the caller's host copies: no host read at all
+        again = b.build_prefill(S_dev, qsl_dev, seq_lens_cpu=S.tolist(),
+                                query_start_loc_cpu=qsl.tolist())
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    for c, d in zip(chunks, again):
+        assert torch.equal(c.cu_seqlen_ke, d.cu_seqlen_ke)
