@@ -3,7 +3,9 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include "indexer/c128a_metadata.h"
 #include "indexer/convert_index.h"
+#include "indexer/seq_lens.h"
 
 namespace py = pybind11;
 
@@ -14,4 +16,12 @@ PYBIND11_MODULE(_C, m) {
 
   // Spec section 2: top-K token ids -> paged-KV slots (DCP de-interleave, compaction).
   m.def("convert_req_index_to_global_index", &dsa::convert_req_index_to_global_index);
+  // Spec section 1: rank-local lengths of any lengths (one rank or one column per rank).
+  m.def("dcp_local_seq_lens", &dsa::dcp_local_seq_lens);
+  // Spec section 3: C128A decode slots, decode lengths and prefill positions, one launch.
+  m.def("build_c128a_topk_metadata", &dsa::build_c128a_topk_metadata);
+  // Spec section 4: per-token decode context lengths (uniform/ragged), DCP-local, row map.
+  m.def("expand_decode_seq_lens", &dsa::expand_decode_seq_lens);
+  // Spec section 5: per-token logits bounds [ks, ke) and token_to_seq of a prefill chunk.
+  m.def("prefill_chunk_bounds", &dsa::prefill_chunk_bounds);
 }

@@ -54,6 +54,84 @@ def _check_convert(device: torch.device) -> None:
         _equal("valid_counts", counts, want_counts)
 
 
+# ---------------------------------------------------------------------------------------
+# Indexer metadata (spec 1, 3, 4, 5)
+# ---------------------------------------------------------------------------------------
+
+
+@check("build_c128a_topk_metadata")
+def _check_c128a(device: torch.device) -> None:
+    g = torch.Generator().manual_seed(1)
+    T, Td, width, cap, R, NB, bs = 96, 40, 1024, 2048, 8, 20, 64
+    positions = torch.randint(-1, cap * 128, (T,), generator=g, dtype=torch.int64)
+    token_to_req = torch.randint(-1, R + 1, (T,), generator=g, dtype=torch.int32)
+    block_table = torch.randint(-1, 1 << 20, (R, NB), generator=g, dtype=torch.int32)
+    slot_mapping = torch.randint(-1, 100, (T,), generator=g, dtype=torch.int64)
+    bufs = (torch.full((T, cap), 7, dtype=torch.int32, device=device),
+            torch.zeros(T, dtype=torch.int32, device=device),
+            torch.full((T, cap), 7, dtype=torch.int32, device=device))
+    got = dsa_ext.build_c128a_topk_metadata(
+        positions.to(device), 128, Td, token_to_req.to(device), block_table.to(device), bs,
+        slot_mapping.to(device), *bufs, width)
+    want = reference.build_c128a_topk_metadata(positions, 128, Td, token_to_req, block_table,
+                                               bs, slot_mapping, width)
+    for name, a, b in zip(("decode", "decode_lens", "prefill"), got, want):
+        _equal(name, a, b)
+    if not ((bufs[0][:, width:] == 7).all() and (bufs[2][:, width:] == 7).all()):
+        raise AssertionError("c128a: columns >= width were written")
+
+
+@check("decode per-token lengths + DCP localization")
+def _check_decode_lens(device: torch.device) -> None:
+    from dsa_ext.indexer import decode_context_lens
+    g = torch.Generator().manual_seed(2)
+    B, next_n = 64, 4
+    S = torch.randint(0, 1 << 17, (B,), generator=g, dtype=torch.int32)
+    S[::7] = 0
+    dlen = torch.randint(0, next_n + 1, (B,), generator=g, dtype=torch.int32)
+    dlen[S == 0] = 0
+    qsl = torch.cat([torch.zeros(1, dtype=torch.int32), dlen.cumsum(0).to(torch.int32)])
+    Td = int(qsl[-1])
+    for kw in (dict(next_n=next_n), dict(query_start_loc=qsl)):
+        n_tok = B * next_n if "next_n" in kw else Td
+        for world, rank, interleave in ((1, 0, 1), (4, 1, 1), (2, None, 16)):
+            want = reference.decode_context_lens(S, n_tok, dcp_world_size=world,
+                                                 dcp_rank=rank, interleave=interleave, **kw)
+            got = decode_context_lens(
+                S.to(device), n_tok, dcp_world_size=world, dcp_rank=rank,
+                interleave=interleave, **{k: v.to(device) if torch.is_tensor(v) else v
+                                          for k, v in kw.items()})
+            for name, a, b in zip(("global", "local", "row_map"), got, want):
+                _equal(name, a, b)
+    _equal("spec 1 vector", dsa_ext.dcp.local_seq_lens(
+        torch.tensor([8, 9, 10], device=device), 1, 2, 1), torch.tensor([4, 4, 5]))
+
+
+@check("prefill chunk metadata")
+def _check_prefill(device: torch.device) -> None:
+    from dsa_ext.indexer import IndexerMetadataBuilder
+    for world, interleave, ke in ((1, 1, list(range(1, 9))), (4, 1, [1, 1, 1, 1, 2, 2, 2, 2]),
+                                  (4, 2, [1, 2, 2, 2, 2, 2, 2, 2])):
+        b = IndexerMetadataBuilder(device, 1, 64, 4, 4096, dcp_world_size=world,
+                                   interleave=interleave)
+        (c,) = b.build_prefill(torch.tensor([8], dtype=torch.int32, device=device),
+                               torch.tensor([0, 8], dtype=torch.int32, device=device))
+        _equal("cu_seqlen_ke", c.cu_seqlen_ke, torch.tensor(ke))
+        _equal("cu_seqlen_ks", c.cu_seqlen_ks, torch.zeros(8, dtype=torch.int32))
+    g = torch.Generator().manual_seed(3)
+    S = torch.randint(50, 3000, (12,), generator=g, dtype=torch.int32)
+    qlen = torch.randint(1, 50, (12,), generator=g)
+    qsl = torch.cat([torch.zeros(1, dtype=torch.int64), qlen.cumsum(0)]).to(torch.int32)
+    b = IndexerMetadataBuilder(device, 1, 64, 4, 1 << 16, dcp_world_size=4, dcp_rank=3,
+                               interleave=2, max_kv_workspace=4000, max_logits_bytes=1 << 16)
+    for c in b.build_prefill(S.to(device), qsl.to(device)):
+        want = reference.prefill_chunk_bounds(
+            S[c.req_start:c.req_end], qsl[c.req_start:c.req_end + 1], c.token_start,
+            c.token_end, dcp_world_size=4, dcp_rank=3, interleave=2)
+        for name in ("cu_seqlen_ks", "cu_seqlen_ke", "token_to_seq", "local_cu_seq_lens"):
+            _equal(name, getattr(c, name), want[name])
+
+
 def _time_us(fn: Callable[[], None], device: torch.device, iters: int = 50) -> float:
     fn()
     if device.type == "cuda":

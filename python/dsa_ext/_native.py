@@ -35,6 +35,16 @@ def desc2(t: torch.Tensor) -> tuple:
     return (t.data_ptr(), *t.shape, *t.stride())
 
 
+def desc1_prefix(t: torch.Tensor, n: int) -> tuple:
+    """desc1 of t[:n] without building the view (a slice costs ~1 us of host time)."""
+    return (t.data_ptr(), n, t.stride(0))
+
+
+def desc2_prefix(t: torch.Tensor, rows: int, cols: int) -> tuple:
+    """desc2 of t[:rows, :cols] without building the view."""
+    return (t.data_ptr(), rows, cols, t.stride(0), t.stride(1))
+
+
 try:
     _raw_stream = torch._C._cuda_getCurrentRawStream  # a few hundred ns
 except AttributeError:  # pragma: no cover - older or CPU-only builds of torch

@@ -101,3 +101,145 @@ def _gather_or(values: Tensor, index: Tensor, fill: int) -> Tensor:
     safe = torch.where(inside, index, torch.zeros_like(index))
     picked = values[safe] if values.shape[0] else torch.zeros_like(index)
     return torch.where(inside, picked, torch.full_like(index, fill))
+
+
+# ---------------------------------------------------------------------------------------
+# Section 1 (applied): rank-local lengths of many lengths
+# ---------------------------------------------------------------------------------------
+
+
+def local_seq_lens(seq_lens: Tensor, rank: Optional[int], world: int,
+                   interleave: int) -> Tensor:
+    """Rank-local lengths; rank None -> a trailing dimension of size `world`."""
+    L = seq_lens.long()
+    if rank is None:
+        cols = [dcp_local_length(L, r, world, interleave) for r in range(world)]
+        return torch.stack(cols, dim=-1).to(seq_lens.dtype)
+    return dcp_local_length(L, rank, world, interleave).to(seq_lens.dtype)
+
+
+# ---------------------------------------------------------------------------------------
+# Section 3: C128A metadata
+# ---------------------------------------------------------------------------------------
+
+
+def build_c128a_topk_metadata(positions: Tensor, ratio: int, num_decode_tokens: int,
+                              token_to_req: Tensor, block_table: Tensor, block_size: int,
+                              slot_mapping: Tensor, width: int
+                              ) -> tuple[Tensor, Tensor, Tensor]:
+    """Returns (decode int32 [Td, width], decode_lens int32 [Td], prefill int32 [T-Td, width])."""
+    Td = num_decode_tokens
+    T = positions.shape[0]
+    R, NB = block_table.shape
+    # n_t = min((pos + 1) // ratio, width); a negative position gives 0.
+    n = ((positions.long() + 1) // ratio).clamp(0, width)
+    i = torch.arange(width, dtype=torch.int64)
+
+    # Decode rows: slot of compressed position i through the request's block-table row.
+    dn = torch.where(slot_mapping[:Td].long() >= 0, n[:Td], torch.zeros_like(n[:Td]))
+    req = token_to_req[:Td].long()
+    blk = (i // block_size)[None, :].expand(Td, width)
+    entry_ok = (req >= 0)[:, None] & (req < R)[:, None] & (blk < NB) & (i[None, :] < dn[:, None])
+    table = _gather_or(block_table.long().reshape(-1), req[:, None] * NB + blk, 0)
+    slot = table * block_size + (i % block_size)[None, :]
+    entry_ok &= (slot >= 0) & (slot < 2**31)
+    decode = torch.where(entry_ok, slot, torch.full_like(slot, -1))
+
+    # Prefill rows: the compressed positions themselves.
+    pn = n[Td:]
+    prefill = torch.where(i[None, :] < pn[:, None], i[None, :].expand(T - Td, width),
+                          torch.full((T - Td, width), -1, dtype=torch.int64))
+    return decode.to(torch.int32), dn.to(torch.int32), prefill.to(torch.int32)
+
+
+# ---------------------------------------------------------------------------------------
+# Section 4: decode per-token context lengths
+# ---------------------------------------------------------------------------------------
+
+
+def decode_token_requests(num_decode_tokens: int, num_reqs: int, next_n: Optional[int] = None,
+                          query_start_loc: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+    """(request of each token or -1, one past the request's last token) for a decode batch."""
+    req = torch.full((num_decode_tokens,), -1, dtype=torch.int64)
+    end = torch.zeros(num_decode_tokens, dtype=torch.int64)
+    if query_start_loc is None:
+        for t in range(num_decode_tokens):
+            if t // next_n < num_reqs:
+                req[t], end[t] = t // next_n, (t // next_n + 1) * next_n
+    else:
+        qsl = query_start_loc.long().tolist()
+        for b in range(num_reqs):
+            for t in range(max(qsl[b], 0), min(qsl[b + 1], num_decode_tokens)):
+                req[t], end[t] = b, qsl[b + 1]
+    return req, end
+
+
+def decode_context_lens(seq_lens: Tensor, num_decode_tokens: int, *,
+                        next_n: Optional[int] = None, query_start_loc: Optional[Tensor] = None,
+                        compress_ratio: int = 1, dcp_world_size: int = 1,
+                        dcp_rank: Optional[int] = 0, interleave: int = 1
+                        ) -> tuple[Tensor, Tensor, Tensor]:
+    """Per-token context lengths of a decode batch (spec section 4).
+
+    Token t of request b sees max(S[b] - end_b + t + 1, 0) positions, end_b = one past
+    b's last token (uniform: b = t // next_n, end_b = (b + 1) * next_n, which is
+    max(S[b] - next_n + j + 1, 0)), then // compress_ratio, then DCP-localized.
+    Returns (global int32 [Td], local int32 [Td] or [Td, W] for rank None, row map int32 [Td]).
+    """
+    req, end = decode_token_requests(num_decode_tokens, seq_lens.shape[0], next_n,
+                                     query_start_loc)
+    S = _gather_or(seq_lens.long(), req, 0)
+    t = torch.arange(num_decode_tokens, dtype=torch.int64)
+    length = torch.where(req >= 0, (S - end + t + 1).clamp(min=0), torch.zeros_like(S))
+    length = length // compress_ratio
+    local = local_seq_lens(length, dcp_rank, dcp_world_size, interleave)
+    return length.to(torch.int32), local.to(torch.int32), req.to(torch.int32)
+
+
+def decode_row_ends(seq_lens: Tensor, next_n: int) -> Tensor:
+    """Top-k row bounds: row_end[i] = S[i // next_n] - next_n + i % next_n + 1 (>= 0)."""
+    i = torch.arange(seq_lens.shape[0] * next_n)
+    return (seq_lens.long()[i // next_n] - next_n + i % next_n + 1).clamp(min=0).to(torch.int32)
+
+
+# ---------------------------------------------------------------------------------------
+# Section 5: prefill chunk metadata
+# ---------------------------------------------------------------------------------------
+
+
+def prefill_chunk_bounds(seq_lens: Tensor, query_start_loc: Tensor, token_start: int,
+                         token_end: int, *, compress_ratio: int = 1, dcp_world_size: int = 1,
+                         dcp_rank: int = 0, interleave: int = 1) -> dict:
+    """Spec section 5 for one chunk: requests = all of seq_lens, tokens [token_start, token_end).
+
+    ks = row_start(b), ke = row_start(b) + local((S[b] - query_len + 1 + o) // ratio), where
+    row_start is the cumulative rank-local compressed KV length.
+    """
+    W, r, I = dcp_world_size, dcp_rank, interleave
+    S = seq_lens.long().tolist()
+    qsl = query_start_loc.long().tolist()
+    kv = [s // compress_ratio for s in S]
+    local_kv = [int(dcp_local_length(k, r, W, I)) for k in kv]
+    cu = [0]
+    local_cu = [0]
+    for k, lk in zip(kv, local_kv):
+        cu.append(cu[-1] + k)
+        local_cu.append(local_cu[-1] + lk)
+    ks, ke, tts = [], [], []
+    for gt in range(token_start, token_end):
+        b = next((b for b in range(len(S)) if qsl[b] <= gt < qsl[b + 1]), -1)
+        if b < 0:
+            ks.append(0), ke.append(0), tts.append(-1)
+            continue
+        o = gt - qsl[b]
+        start_pos = S[b] - (qsl[b + 1] - qsl[b])
+        visible = max(start_pos + 1 + o, 0) // compress_ratio
+        ks.append(local_cu[b])
+        ke.append(local_cu[b] + int(dcp_local_length(visible, r, W, I)))
+        tts.append(b)
+    i32 = lambda v: torch.tensor(v, dtype=torch.int32)  # noqa: E731
+    return dict(cu_seqlen_ks=i32(ks), cu_seqlen_ke=i32(ke), token_to_seq=i32(tts),
+                cu_seq_lens=i32(cu), local_cu_seq_lens=i32(local_cu),
+                total_seq_lens=cu[-1], local_total_seq_lens=local_cu[-1],
+                max_local_total_seq_lens=max(
+                    sum(int(dcp_local_length(k, rr, W, I)) for k in kv) for rr in range(W)))
