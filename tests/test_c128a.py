@@ -1,7 +1,7 @@
 """C128A metadata (spec section 3): CPU and CUDA against the torch reference."""
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 import dsa_ext
@@ -203,7 +203,6 @@ def c128a_cases(draw):
     return positions, ratio, Td, token_to_req, block_table, bs, slot_mapping, width, cap
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(c128a_cases())
 def test_random_cases_cpu(case):
     *args, width, cap = case
@@ -211,7 +210,6 @@ def test_random_cases_cpu(case):
 
 
 @pytest.mark.cuda
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(c128a_cases())
 def test_random_cases_cuda(case):
     *args, width, cap = case

@@ -1,7 +1,7 @@
 """DCP local lengths (spec section 1) and their use after per-token expansion (spec 4)."""
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from dsa_ext import dcp, reference
@@ -70,7 +70,6 @@ def test_shapes_strides_and_out(device):
     assert dcp.local_seq_lens(torch.empty(0, dtype=I32, device=device), None, 3).shape == (0, 3)
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(world=st.integers(1, 8), interleave=st.sampled_from([1, 2, 4, 16]),
        data=st.data(), n=st.integers(0, 300), big=st.booleans())
 def test_random_lengths_vs_reference(world, interleave, data, n, big):
@@ -83,7 +82,6 @@ def test_random_lengths_vs_reference(world, interleave, data, n, big):
 
 
 @pytest.mark.cuda
-@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(world=st.integers(1, 8), interleave=st.sampled_from([1, 2, 4, 16]), data=st.data())
 def test_random_lengths_cuda_equals_cpu(world, interleave, data):
     rank = data.draw(st.one_of(st.none(), st.integers(0, world - 1)))

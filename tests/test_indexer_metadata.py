@@ -3,7 +3,7 @@ import logging
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 import dsa_ext
@@ -143,20 +143,17 @@ def run_decode_both(device, S, Td, kw):
     return got
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(decode_cases())
 def test_random_decode_cpu(case):
     run_decode_both(torch.device("cpu"), *case)
 
 
 @pytest.mark.cuda
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(decode_cases())
 def test_random_decode_cuda(case):
     run_decode_both(torch.device("cuda"), *case)
 
 
-@settings(max_examples=50, deadline=None)
 @given(next_n=st.integers(1, 8), B=st.integers(1, 30), seed=st.integers(0, 1000))
 def test_uniform_equals_ragged_with_equal_lengths(next_n, B, seed):
     g = torch.Generator().manual_seed(seed)
@@ -260,14 +257,12 @@ def run_prefill_both(device, S, qsl, kw):
         (c.token_start, c.token_end) for c in chunks]
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(prefill_cases())
 def test_random_prefill_cpu(case):
     run_prefill_both(torch.device("cpu"), *case)
 
 
 @pytest.mark.cuda
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(prefill_cases())
 def test_random_prefill_cuda(case):
     run_prefill_both(torch.device("cuda"), *case)

@@ -45,6 +45,11 @@ struct Strided2D {
   DSA_HD T& operator()(int64_t r, int64_t c) const {
     return data[r * row_stride + c * col_stride];
   }
+  //! Rows are dense and every row starts on a 16-byte boundary: vector accesses are safe.
+  bool rows_vectorizable() const {
+    return col_stride == 1 && reinterpret_cast<uintptr_t>(data) % 16 == 0 &&
+           (row_stride * static_cast<int64_t>(sizeof(T))) % 16 == 0;
+  }
 };
 
 }  // namespace dsa
