@@ -5,6 +5,8 @@ wheel (SASS for sm_90a and sm_100a) and nothing is compiled at run time.
 """
 from . import _C
 from .kv_index import convert_req_index_to_global_index, safe_lengths
+from .dcp import (correct_attention_output, merge_attention_outputs, merge_topk_global,
+                  normalize_lse, pack_dcp_topk_candidates)
 
 __version__ = _C.__version__
 #: CUDA architectures with machine code in this build, e.g. ("90a-real", "100a-real").
@@ -13,5 +15,10 @@ cuda_archs = tuple(_C.cuda_archs.split(","))
 __all__ = [
     "convert_req_index_to_global_index",
     "safe_lengths",
+    "pack_dcp_topk_candidates",
+    "merge_topk_global",
+    "normalize_lse",
+    "correct_attention_output",
+    "merge_attention_outputs",
     "cuda_archs",
 ]

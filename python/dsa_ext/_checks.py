@@ -62,18 +62,22 @@ def integer(name: str, value, minimum: Optional[int] = None,
     return value
 
 
-def dcp_layout(world_size, rank, interleave, block_size: Optional[int] = None) -> None:
-    """Check a DCP layout (spec section 1): W >= 1, 0 <= rank < W, I >= 1, BS % I == 0."""
-    integer("dcp_world_size", world_size, 1)
+def dcp_layout(world_size, rank, interleave, block_size: Optional[int] = None, *,
+               world_name: str = "dcp_world_size", rank_name: str = "dcp_rank") -> None:
+    """Check a DCP layout (spec section 1): W >= 1, 0 <= rank < W, I >= 1, BS % I == 0.
+
+    `world_name` / `rank_name` are the caller's argument names used in the messages.
+    """
+    integer(world_name, world_size, 1)
     integer("interleave", interleave, 1)
     if rank is not None:
-        integer("dcp_rank", rank, 0)
+        integer(rank_name, rank, 0)
         if rank >= world_size:
             raise ValueError(
-                f"dcp_rank must be < dcp_world_size ({world_size}), got {rank}")
+                f"{rank_name} must be < {world_name} ({world_size}), got {rank}")
     if world_size * interleave > INT32_MAX:
         raise ValueError(
-            f"dcp_world_size * interleave must be < 2^31, got {world_size} * {interleave}")
+            f"{world_name} * interleave must be < 2^31, got {world_size} * {interleave}")
     if block_size is not None and block_size % interleave != 0:
         raise ValueError(
             f"block_size ({block_size}) must be a multiple of interleave ({interleave}): "

@@ -35,6 +35,21 @@ def desc2(t: torch.Tensor) -> tuple:
     return (t.data_ptr(), t.shape[0], t.shape[1], t.stride(0), t.stride(1))
 
 
+def desc3(t: torch.Tensor) -> tuple:
+    """(data_ptr, size0, size1, size2, stride0, stride1, stride2) of a 3-D tensor."""
+    return (t.data_ptr(), *t.shape, *t.stride())
+
+
+def desc4(t: torch.Tensor) -> tuple:
+    """(data_ptr, size0..size3, stride0..stride3) of a 4-D tensor."""
+    return (t.data_ptr(), *t.shape, *t.stride())
+
+
+def desc2_or_none(t: Optional[torch.Tensor]) -> tuple:
+    """desc2 of t; all zeros when absent."""
+    return (0, 0, 0, 0, 0) if t is None else desc2(t)
+
+
 try:
     _raw_stream = torch._C._cuda_getCurrentRawStream  # a few hundred ns
 except AttributeError:  # pragma: no cover - older or CPU-only builds of torch
