@@ -342,3 +342,44 @@ def test_cuda_graph_replay_with_new_inputs_and_no_sync():
 def test_mixed_devices_raise():
     with pytest.raises(ValueError, match="logits must be on cuda"):
         dsa_ext.pack_dcp_topk_candidates(torch.zeros(2, 8), GOOD["topk_indices"].cuda(), 0, 2)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("layout", ["dense", "strided_ids", "odd_k"])
+def test_cuda_equals_cpu_bit_exact(layout):
+    g = torch.Generator().manual_seed(11)
+    rows, cols, K = 64, 10000, 2048 if layout != "odd_k" else 2047
+    logits = torch.randn(rows, cols, generator=g)
+    logits[torch.rand(rows, cols, generator=g) < 0.01] = NAN
+    ids_full = torch.randint(-1, cols + 50, (rows, 2 * K), generator=g, dtype=I32)
+    ids = ids_full[:, ::2] if layout == "strided_ids" else ids_full[:, :K].contiguous()
+    starts = torch.randint(-2, 40, (rows,), generator=g, dtype=I32)
+    for world, rank, interleave in ((1, 0, 1), (4, 2, 1), (8, 7, 64)):
+        cpu = dsa_ext.pack_dcp_topk_candidates(logits, ids, rank, world, interleave, starts)
+        gpu = dsa_ext.pack_dcp_topk_candidates(logits.cuda(), ids.cuda(), rank, world,
+                                               interleave, starts.cuda())
+        assert_equal(gpu, cpu, world=world, layout=layout)
+
+
+@pytest.mark.cuda
+def test_merge_topk_global_fake_exchange_graph_capture():
+    """pack + all-gather hook + stable top-K captured in one CUDA graph, no host sync."""
+    world, interleave, k = 4, 2, 64
+    case = make_topk_case(21, world, interleave, rows=16, max_len=600, k=k, ties=True,
+                          device="cuda")
+    packed = [dsa_ext.pack_dcp_topk_candidates(r["logits"], r["topk"], rank, world, interleave)
+              for rank, r in enumerate(case["ranks"])]
+    gathered = torch.cat(packed)
+    mine = case["ranks"][1]
+    topk = mine["topk"].clone()
+
+    def step():
+        topk.copy_(mine["topk"])
+        dsa_ext.merge_topk_global(mine["logits"], topk, k, rank=1, world_size=world,
+                                  interleave=interleave,
+                                  all_gather=lambda o, i: o.copy_(gathered))
+
+    graph = _capture(step)
+    topk.fill_(-7)
+    graph.replay()
+    assert_equal(topk, case["want"])
