@@ -166,9 +166,15 @@ def dcp_merge_worker(rank: int, world: int, port: int, seed: int, n_cases: int) 
     import torch.distributed as dist
 
     import dsa_ext
+    from dsa_ext import dcp
     init_gloo(rank, world, port)
     try:
         for i in range(n_cases):
+            # odd cases: the list-based collectives (backends without the fused ones)
+            dcp._UNFUSED.clear()
+            if i % 2:
+                dcp._UNFUSED.update({("all_gather", "gloo"), ("reduce_scatter", "gloo")})
+            group = dist.group.WORLD if i % 4 < 2 else None
             interleave = (1, 2, 16)[i % 3]
             base = (2.0, math.e)[(i // 3) % 2]
             k = (4, 16, 40)[i % 3]
@@ -179,7 +185,8 @@ def dcp_merge_worker(rank: int, world: int, port: int, seed: int, n_cases: int) 
             mine = case["ranks"][rank]
             topk = mine["topk"].clone()
             dsa_ext.merge_topk_global(mine["logits"], topk, k, rank=rank, world_size=world,
-                                      interleave=interleave, row_starts=mine["row_starts"])
+                                      interleave=interleave, group=group,
+                                      row_starts=mine["row_starts"])
             ctx = dict(rank=rank, case=i, interleave=interleave, k=k)
             assert_same(topk[:, :k], case["want"], "merged top-k", **ctx)
             assert (topk[:, k:] == -1).all(), f"columns >= k must be -1 {ctx}"
@@ -192,8 +199,8 @@ def dcp_merge_worker(rank: int, world: int, port: int, seed: int, n_cases: int) 
             full_out, full_lse = sparse_attention(q, keys, values, sel, base)
             dtype = torch.bfloat16 if i % 5 == 4 else torch.float32
             merged, lse = dsa_ext.merge_attention_outputs(
-                part_out.to(dtype), part_lse, rank=rank, world_size=world, lse_base=base,
-                return_lse=True)
+                part_out.to(dtype), part_lse, rank=rank, world_size=world, group=group,
+                lse_base=base, return_lse=True)
             Hl = q.shape[1] // world
             heads = slice(rank * Hl, (rank + 1) * Hl)
             want_out = torch.nan_to_num(full_out[:, heads], nan=0.0)  # empty rows -> 0
