@@ -152,11 +152,13 @@ _DCP_COLS = 32768  # local logits width: a 128K context over W = 4 ranks
 
 
 def _pack_inputs(rows: int, K: int, device, seed: int, cols: int = _DCP_COLS):
-    g = torch.Generator(device="cpu").manual_seed(seed)
-    logits = torch.randn(rows, cols, generator=g)
-    ids = torch.stack([torch.randperm(cols, generator=g)[:K] for _ in range(rows)]).int()
-    ids[torch.rand(rows, K, generator=g) < 0.05] = -1
-    return logits.to(device), ids.to(device)
+    """Random logits and distinct random ids per row (5% -1), generated on the device."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    logits = torch.randn(rows, cols, generator=g, device=device)
+    ids = torch.argsort(torch.rand(rows, cols, generator=g, device=device), dim=1)[:, :K]
+    ids = ids.to(torch.int32).contiguous()
+    ids[torch.rand(rows, K, generator=g, device=device) < 0.05] = -1
+    return logits, ids
 
 
 def _register_pack(rows: int, baseline: float, target: float, K: int = 2048, world: int = 4):

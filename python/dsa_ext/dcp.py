@@ -156,6 +156,14 @@ def _check_exchange(group, hook, hook_name: str, rank: int, world_size: int) -> 
 _UNFUSED: set = set()
 
 
+def _unsupported(err: Exception, backend: tuple) -> None:
+    """Remember a backend that lacks a fused collective; re-raise any other failure."""
+    if isinstance(err, NotImplementedError) or "support" in str(err):
+        _UNFUSED.add(backend)
+        return
+    raise err
+
+
 def all_gather_into(output: Tensor, input: Tensor, group=None,
                     hook: Optional[AllGather] = None) -> None:
     """All-gather `input` [rows, ...] of every rank into `output` [W * rows, ...]
@@ -171,8 +179,8 @@ def all_gather_into(output: Tensor, input: Tensor, group=None,
         try:
             fused(output, input, group=group)
             return
-        except (RuntimeError, NotImplementedError):  # e.g. a backend without it
-            _UNFUSED.add(backend)
+        except (RuntimeError, NotImplementedError) as err:
+            _unsupported(err, backend)
     dist.all_gather(list(output.chunk(dist.get_world_size(group))), input, group=group)
 
 
@@ -190,8 +198,8 @@ def reduce_scatter_into(output: Tensor, input: Tensor, group=None,
         try:
             fused(output, input, group=group)
             return
-        except (RuntimeError, NotImplementedError):
-            _UNFUSED.add(backend)
+        except (RuntimeError, NotImplementedError) as err:
+            _unsupported(err, backend)
     dist.reduce_scatter(output, list(input.chunk(dist.get_world_size(group))), group=group)
 
 
