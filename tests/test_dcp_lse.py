@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 
 import dsa_ext
 from dsa_ext import dcp, reference
-from dcp_cases import fake_all_gather, make_attention_inputs, shard_selection, sparse_attention
+from dcp_cases import (capture_graph as _capture, fake_all_gather, make_attention_inputs,
+                        shard_selection, sparse_attention)
 
 F32, BF16 = torch.float32, torch.bfloat16
 NAN, INF = float("nan"), float("inf")
@@ -297,7 +298,6 @@ def test_merge_attention_bad_input_names_the_argument(change, error, text):
 
 @pytest.mark.cuda
 def test_correction_graph_replay_and_no_sync():
-    from test_dcp_pack import _capture
     W, B, H, D = 4, 64, 128, 512
     out = torch.empty(B, H, D, dtype=BF16, device="cuda")
     lses = torch.empty(W, B, H, device="cuda")
@@ -321,7 +321,6 @@ def test_correction_graph_replay_and_no_sync():
 @pytest.mark.cuda
 def test_merge_attention_hooks_graph_capture():
     """The whole merge (gather hook, correction, reduce-scatter hook) is capturable."""
-    from test_dcp_pack import _capture
     W, B, H, D = 4, 8, 16, 64
     gen = torch.Generator().manual_seed(1)
     lses = [(torch.randn(B, H, generator=gen) * 2).cuda() for _ in range(W)]
@@ -350,7 +349,6 @@ def test_nccl_world_one_collectives_and_capture(tmp_path):
     """Single-process NCCL group: the public ops are no-ops at W = 1, and the collective
     pipelines (all-gather, pack, select / correction, reduce-scatter) run and capture."""
     import torch.distributed as dist
-    from test_dcp_pack import _capture
     dist.init_process_group("nccl", init_method=f"file://{tmp_path}/store", rank=0,
                             world_size=1, device_id=torch.device("cuda", 0))
     try:

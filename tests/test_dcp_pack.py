@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 import dsa_ext
 from dsa_ext import dcp, reference
 from conftest import assert_equal, requires_cuda
-from dcp_cases import fake_all_gather, make_topk_case
+from dcp_cases import capture_graph as _capture, fake_all_gather, make_topk_case
 
 I32, I64, F32 = torch.int32, torch.int64, torch.float32
 NAN, INF = float("nan"), float("inf")
@@ -297,23 +297,6 @@ def test_torch_compile_fullgraph(device):
                                               starts.to(device), out)
     want = reference.pack_dcp_topk_candidates(logits, ids, 1, 4, 2, starts)
     assert_equal(got, want ^ 1)
-
-
-def _capture(step):
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        step()  # eager: no host sync allowed
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            step()
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            step()
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    return graph
 
 
 @pytest.mark.cuda
