@@ -4,6 +4,8 @@
 #include <pybind11/stl.h>
 
 #include "indexer/c128a_metadata.h"
+#include "dcp/lse_merge.h"
+#include "dcp/pack_candidates.h"
 #include "indexer/convert_index.h"
 #include "indexer/seq_lens.h"
 
@@ -24,4 +26,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("expand_decode_seq_lens", &dsa::expand_decode_seq_lens);
   // Spec section 5: per-token logits bounds [ks, ke) and token_to_seq of a prefill chunk.
   m.def("prefill_chunk_bounds", &dsa::prefill_chunk_bounds);
+  // Spec 6a: a rank's local top-K -> lossless 64-bit candidate keys (score, global id).
+  m.def("pack_dcp_topk_candidates", &dsa::pack_dcp_topk_candidates);
+  // Spec 7: weigh partial attention outputs by the all-gathered LSEs (head-block-major).
+  m.def("correct_attention_output", &dsa::correct_attention_output);
 }

@@ -6,7 +6,6 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-import dsa_ext
 from dsa_ext import indexer, reference
 from dsa_ext.indexer import (IndexerMetadataBuilder, decode_context_lens, decode_path,
                              decode_row_ends, paged_mqa_logits, plan_prefill_chunks,

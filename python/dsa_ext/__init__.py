@@ -8,6 +8,8 @@ from .c128a import (C128AMetadataBuilder, build_c128a_topk_metadata, c128a_capac
                     c128a_topk_width)
 from .indexer import IndexerMetadataBuilder, decode_path
 from .kv_index import convert_req_index_to_global_index, safe_lengths
+from .dcp import (correct_attention_output, merge_attention_outputs, merge_topk_global,
+                  normalize_lse, pack_dcp_topk_candidates)
 
 __version__ = _C.__version__
 #: CUDA architectures with machine code in this build, e.g. ("90a-real", "100a-real").
@@ -24,5 +26,10 @@ __all__ = [
     "decode_path",
     "dcp",
     "indexer",
+    "pack_dcp_topk_candidates",
+    "merge_topk_global",
+    "normalize_lse",
+    "correct_attention_output",
+    "merge_attention_outputs",
     "cuda_archs",
 ]

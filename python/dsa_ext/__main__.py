@@ -132,6 +132,47 @@ def _check_prefill(device: torch.device) -> None:
             _equal(name, getattr(c, name), want[name])
 
 
+@check("pack_dcp_topk_candidates")
+def _check_pack(device: torch.device) -> None:
+    g = torch.Generator().manual_seed(1)
+    rows, cols, K = 64, 4096, 2048
+    logits = torch.randn(rows, cols, generator=g)
+    logits[torch.rand(rows, cols, generator=g) < 0.01] = float("nan")
+    ids = torch.randint(-1, cols + 16, (rows, K), generator=g, dtype=torch.int32)
+    starts = torch.randint(0, 16, (rows,), generator=g, dtype=torch.int32)
+    for world, rank, interleave, row_starts in ((1, 0, 1, None), (4, 3, 1, starts),
+                                                (8, 5, 64, None)):
+        want = reference.pack_dcp_topk_candidates(logits, ids, rank, world, interleave,
+                                                  row_starts)
+        got = dsa_ext.pack_dcp_topk_candidates(
+            logits.to(device), ids.to(device), rank, world, interleave,
+            None if row_starts is None else row_starts.to(device))
+        _equal("candidate keys", got, want)
+
+
+@check("merge_attention_outputs (fake W=4)")
+def _check_lse_merge(device: torch.device) -> None:
+    g = torch.Generator().manual_seed(2)
+    W, B, H, D = 4, 16, 32, 64
+    outs = [torch.randn(B, H, D, generator=g) for _ in range(W)]
+    lses = [torch.randn(B, H, generator=g) * 3 for _ in range(W)]
+    lses[1][0] = float("-inf")
+    outs[1][0] = float("nan")  # an empty shard's 0/0 must not leak
+    want, want_lse = reference.merge_attention_outputs(outs, lses, 2.0)
+    gathered = torch.cat(lses).to(device)
+    corrected = [dsa_ext.correct_attention_output(o.to(device), gathered.view(W, B, H), r)[0]
+                 for r, o in enumerate(outs)]
+    for r in range(W):
+        def reduce_scatter(output, input, r=r):
+            output.copy_(sum(c[r] for c in corrected))
+        got, got_lse = dsa_ext.merge_attention_outputs(
+            outs[r].to(device), lses[r].to(device), rank=r, world_size=W, return_lse=True,
+            all_gather=lambda output, input: output.copy_(gathered),
+            reduce_scatter=reduce_scatter)
+        torch.testing.assert_close(got.cpu(), want[r], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(got_lse.cpu(), want_lse[r], rtol=1e-5, atol=1e-5)
+
+
 def _time_us(fn: Callable[[], None], device: torch.device, iters: int = 50) -> float:
     fn()
     if device.type == "cuda":

@@ -16,7 +16,6 @@ from typing import Callable, Optional
 
 import torch
 
-from . import _C
 
 _LIB = torch.library.Library("dsa_ext", "DEF")
 
@@ -43,6 +42,21 @@ def desc1_prefix(t: torch.Tensor, n: int) -> tuple:
 def desc2_prefix(t: torch.Tensor, rows: int, cols: int) -> tuple:
     """desc2 of t[:rows, :cols] without building the view."""
     return (t.data_ptr(), rows, cols, t.stride(0), t.stride(1))
+
+
+def desc3(t: torch.Tensor) -> tuple:
+    """(data_ptr, size0, size1, size2, stride0, stride1, stride2) of a 3-D tensor."""
+    return (t.data_ptr(), *t.shape, *t.stride())
+
+
+def desc4(t: torch.Tensor) -> tuple:
+    """(data_ptr, size0..size3, stride0..stride3) of a 4-D tensor."""
+    return (t.data_ptr(), *t.shape, *t.stride())
+
+
+def desc2_or_none(t: Optional[torch.Tensor]) -> tuple:
+    """desc2 of t; all zeros when absent."""
+    return (0, 0, 0, 0, 0) if t is None else desc2(t)
 
 
 try:

@@ -221,6 +221,90 @@ def _register_decode_build(B: int, next_n: int, world: int, target: float):
 _register_decode_build(256, 4, 4, 15.0)
 
 
+# Cases: DCP top-K merge (spec 6) and attention-output merge (spec 7)
+# ---------------------------------------------------------------------------------------
+
+_DCP_COLS = 32768  # local logits width: a 128K context over W = 4 ranks
+
+
+def _pack_inputs(rows: int, K: int, device, seed: int, cols: int = _DCP_COLS):
+    """Random logits and distinct random ids per row (5% -1), generated on the device."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    logits = torch.randn(rows, cols, generator=g, device=device)
+    ids = torch.argsort(torch.rand(rows, cols, generator=g, device=device), dim=1)[:, :K]
+    ids = ids.to(torch.int32).contiguous()
+    ids[torch.rand(rows, K, generator=g, device=device) < 0.05] = -1
+    return logits, ids
+
+
+def _register_pack(rows: int, baseline: float, target: float, K: int = 2048, world: int = 4):
+    # ids read + keys written + one fp32 score gathered per candidate
+    nbytes = rows * K * (4 + 8 + 4)
+
+    @case("pack_dcp_topk_candidates", f"rows={rows} K={K} W={world} cols={_DCP_COLS}",
+          nbytes, baseline, target)
+    def make(device, copies):
+        calls = []
+        for i in range(copies):
+            logits, ids = _pack_inputs(rows, K, device, seed=i)
+            out = torch.empty(rows, K, dtype=torch.int64, device=device)
+            calls.append(lambda lg=logits, t=ids, o=out: dsa_ext.pack_dcp_topk_candidates(
+                lg, t, world - 1, world, 1, out=o))
+        return calls
+
+
+for _rows, _base, _target in ((64, 2.5, 2.5), (1024, 45.0, 30.0)):
+    _register_pack(_rows, _base, _target)
+
+
+def _fake_gather_from(gathered: torch.Tensor):
+    """An all_gather hook standing in for the collective: one device copy of the
+    (precomputed) gathered candidates of all ranks."""
+    def hook(output, input):
+        output.copy_(gathered)
+    return hook
+
+
+@case("merge_topk_global (fake exchange)", "rows=64 k=2048 W=4", 64 * 2048 * (4 + 8 + 4 * 8 + 4),
+      None, 20.0)
+def _make_merge_topk(device, copies, rows=64, k=2048, world=4):
+    # pack + a device copy for the all-gather + stable top-K of W*K candidates; the
+    # target (20 us) is for pack + select. topk_indices is overwritten in place with
+    # global ids, so later calls re-pack those (same shapes and work per call).
+    calls = []
+    for i in range(copies):
+        logits, ids = _pack_inputs(rows, k, device, seed=i)
+        packed = [dsa_ext.pack_dcp_topk_candidates(logits, ids, r, world) for r in range(world)]
+        hook = _fake_gather_from(torch.cat(packed))
+        calls.append(lambda lg=logits, t=ids, h=hook: dsa_ext.merge_topk_global(
+            lg, t, k, rank=0, world_size=world, all_gather=h))
+    return calls
+
+
+def _register_correction(dtype: torch.dtype, B=64, H=128, D=512, world=4):
+    size = torch.finfo(dtype).bits // 8
+    nbytes = 2 * B * H * D * size + world * B * H * 4
+
+    @case(f"merge_attention_outputs correction ({str(dtype)[6:]})",
+          f"B={B} H={H} D={D} W={world}", nbytes, None, 10.0)
+    def make(device, copies):
+        calls = []
+        for i in range(copies):
+            g = torch.Generator(device="cpu").manual_seed(i)
+            out = torch.randn(B, H, D, generator=g).to(dtype).to(device)
+            lses = (torch.randn(world, B, H, generator=g) * 4).to(device)
+            corrected = torch.empty(world, B, H // world, D, dtype=dtype, device=device)
+            g_lse = torch.empty(B, H, device=device)
+            calls.append(lambda o=out, x=lses, c=corrected, gl=g_lse:
+                         dsa_ext.correct_attention_output(o, x, 1, corrected=c,
+                                                          global_lse=gl))
+        return calls
+
+
+for _dtype in (torch.bfloat16, torch.float32):
+    _register_correction(_dtype)
+
+
 # ---------------------------------------------------------------------------------------
 # Driver
 # ---------------------------------------------------------------------------------------

@@ -243,3 +243,127 @@ def prefill_chunk_bounds(seq_lens: Tensor, query_start_loc: Tensor, token_start:
                 total_seq_lens=cu[-1], local_total_seq_lens=local_cu[-1],
                 max_local_total_seq_lens=max(
                     sum(int(dcp_local_length(k, rr, W, I)) for k in kv) for rr in range(W)))
+
+
+# Section 6: DCP top-K merge
+#
+# A candidate is one int64 holding the bits of an unsigned 64-bit key:
+#   key = (ordered(score_bits) << 32) | (~gid & 0xFFFFFFFF); key = 0 when invalid,
+# ordered(u) = ~u if the sign bit is set else u | 0x80000000. Descending unsigned key
+# order = score descending, then global id ascending, invalid last.
+# ---------------------------------------------------------------------------------------
+
+_U32 = 0xFFFFFFFF
+
+
+def ordered_score_bits(scores: Tensor) -> Tensor:
+    """fp32 scores -> int64 in [0, 2^32) whose order is the total score order."""
+    u = scores.to(torch.float32).contiguous().view(torch.int32).long() & _U32
+    return torch.where(u >= 2**31, ~u & _U32, u | 2**31)
+
+
+def encode_candidate_keys(scores: Tensor, gids: Tensor) -> Tensor:
+    """int64 keys of (fp32 score, global id) pairs; a gid outside [0, 2^31) gives key 0."""
+    ordered = ordered_score_bits(scores)
+    hi = torch.where(ordered >= 2**31, ordered - 2**32, ordered)  # the high word, signed
+    gids = gids.long()
+    key = hi * 2**32 + (~gids & _U32)  # exact: no int64 overflow
+    valid = (gids >= 0) & (gids < 2**31)
+    return torch.where(valid, key, torch.zeros_like(key))
+
+
+def decode_candidate_gids(keys: Tensor) -> Tensor:
+    """int32 global ids of keys; -1 for the invalid key 0."""
+    gid = ~keys & _U32
+    return torch.where(keys == 0, torch.full_like(gid, -1), gid).to(torch.int32)
+
+
+def stable_topk_from_candidates(cands: Tensor, k: int) -> Tensor:
+    """int32 [rows, k] global ids of the k largest keys of each row, in descending key
+    order (score descending, then gid ascending); -1 where a row has fewer than k valid
+    candidates. `cands` is int64 [rows, N] or the all-gathered [W, rows, K] (rank-major:
+    candidate n of row i is cands[n // K, i, n % K])."""
+    if cands.dim() == 3:
+        W, rows, K = cands.shape
+        cands = cands.permute(1, 0, 2).reshape(rows, W * K)
+    rows, N = cands.shape
+    # Unsigned order == signed order of the keys with the top bit flipped.
+    signed = cands ^ torch.iinfo(torch.int64).min
+    ordered = torch.sort(signed, dim=1, descending=True, stable=True).values
+    keys = ordered[:, :k] ^ torch.iinfo(torch.int64).min
+    out = torch.full((rows, k), -1, dtype=torch.int32, device=cands.device)
+    out[:, : keys.shape[1]] = decode_candidate_gids(keys)
+    return out
+
+
+def indexer_topk(logits: Tensor, k: int, lengths: Optional[Tensor] = None) -> Tensor:
+    """Per-row top-k column ids of fp32 logits [rows, L] in the same total order (score
+    descending, lower column first among ties; +NaN highest, -inf low); columns >=
+    lengths[row] are not candidates; -1 fills a shortfall. This is the tie rule a rank's
+    local top-K must follow for the DCP merge to equal the unsharded top-K."""
+    rows, L = logits.shape
+    pos = torch.arange(L, device=logits.device).expand(rows, L)
+    if lengths is not None:
+        pos = torch.where(pos < lengths.long()[:, None], pos, torch.full_like(pos, -1))
+    return stable_topk_from_candidates(encode_candidate_keys(logits, pos), k)
+
+
+def pack_dcp_topk_candidates(logits: Tensor, topk_indices: Tensor, rank: int,
+                             world_size: int, interleave: int = 1,
+                             row_starts: Optional[Tensor] = None) -> Tensor:
+    """int64 [rows, K] candidate keys of a rank's local top-K (spec 6a)."""
+    rows, cols = logits.shape
+    local = topk_indices.long()
+    start = 0 if row_starts is None else row_starts.long()[:, None]
+    col = (local + start).clamp(0, max(cols - 1, 0))
+    if cols:
+        score = logits.gather(1, col)
+    else:
+        score = torch.zeros(local.shape, dtype=torch.float32, device=logits.device)
+    gid = dcp_global_position(local, rank, world_size, interleave)
+    valid = (local >= 0) & (cols > 0)
+    return encode_candidate_keys(score, torch.where(valid, gid, torch.full_like(gid, -1)))
+
+
+# ---------------------------------------------------------------------------------------
+# Section 7: DCP attention output merge (LSE)
+# ---------------------------------------------------------------------------------------
+
+
+def correct_attention_output(partial: Tensor, lses: Tensor, rank: int,
+                             lse_base: float = 2.0) -> tuple[Tensor, Tensor]:
+    """This rank's weighted partial outputs [W, B, H/W, D] (head-block-major, the dtype
+    of `partial`) and the global LSE G [B, H] (fp32, base `lse_base`), computed in fp64.
+
+    partial [B, H, D] over this rank's KV shard; lses [W, B, H] of every rank."""
+    W, B, H = lses.shape
+    D = partial.shape[2]
+    base2 = lse_base == 2.0
+    lse = lses.double()
+    lse = torch.where(torch.isnan(lse) | (lse == float("inf")),
+                      torch.full_like(lse, float("-inf")), lse)
+    m = lse.max(dim=0).values
+    m = torch.where(m == float("-inf"), torch.zeros_like(m), m)
+    exp = torch.exp2 if base2 else torch.exp
+    log = torch.log2 if base2 else torch.log
+    g = m + log(exp(lse - m).sum(dim=0))
+    diff = lse[rank] - g
+    factor = torch.where(torch.isnan(diff), torch.zeros_like(diff), exp(diff))
+    weighted = partial.double() * factor[:, :, None]
+    weighted = torch.where(factor[:, :, None] == 0, torch.zeros_like(weighted), weighted)
+    corrected = weighted.to(partial.dtype).reshape(B, W, H // W, D).permute(1, 0, 2, 3)
+    return corrected.contiguous(), g.float()
+
+
+def merge_attention_outputs(partials: list, lses: list, lse_base: float = 2.0
+                            ) -> tuple[list, list]:
+    """Every rank's merged output [B, H/W, D] and LSE slice [B, H/W] (spec 7), from all
+    ranks' partial outputs [B, H, D] and LSEs [B, H]; the reduction runs in fp64."""
+    W = len(partials)
+    stacked = torch.stack(lses)
+    parts = [correct_attention_output(p, stacked, r, lse_base) for r, p in enumerate(partials)]
+    total = sum(c.double() for c, _ in parts)  # [W, B, H/W, D]
+    g = parts[0][1]
+    Hl = g.shape[1] // W
+    outs = [total[r].to(partials[0].dtype) for r in range(W)]
+    return outs, [g[:, r * Hl:(r + 1) * Hl] for r in range(W)]
