@@ -118,8 +118,8 @@ def main() -> None:
     # CuTeDSL picks its target once per process: one child process per arch.
     for arch in archs:
         env = dict(os.environ, CUTE_DSL_ARCH=arch)
-        subprocess.run([sys.executable, os.path.abspath(__file__), "--out", args.out,
-                        "--arch", arch] + (["--keep-ptx"] if args.keep_ptx else []), env=env, check=True)
+        cmd = [sys.executable, os.path.abspath(__file__), "--out", args.out, "--arch", arch]
+        subprocess.run(cmd + (["--keep-ptx"] if args.keep_ptx else []), env=env, check=True)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 import dsa_ext
@@ -89,14 +89,14 @@ def test_encoding_orders_scores_then_ids():
     assert keys[-1] == 0
     assert reference.stable_topk_from_candidates(keys[None], 10).tolist() == [
         [9, 8, 3, 4, 7, 6, 5, 2, -1, -1]]
-    assert reference.decode_candidate_keys(keys).tolist() == gids.tolist()
+    assert reference.decode_candidate_gids(keys).tolist() == gids.tolist()
 
 
 def test_encoding_extreme_ids():
     gids = torch.tensor([0, 1, INT32_MAX - 1, INT32_MAX], dtype=torch.int32)
     keys = reference.encode_candidate_keys(torch.zeros(4), gids)
     assert (keys != 0).all()
-    assert reference.decode_candidate_keys(keys).tolist() == gids.tolist()
+    assert reference.decode_candidate_gids(keys).tolist() == gids.tolist()
     assert reference.stable_topk_from_candidates(keys[None], 4).tolist() == [gids.tolist()]
 
 
@@ -197,7 +197,6 @@ def test_zero_rows(device):
     assert out.shape == (0, 4)
 
 
-@settings(max_examples=200, deadline=None)
 @given(
     rows=st.integers(1, 4),
     n=st.integers(1, 70),
@@ -378,7 +377,8 @@ def test_no_jit_stack_at_run_time():
                   or m.startswith("nvidia_cutlass_dsl")]
         assert not banned, banned
         maps = open("/proc/self/maps").read()
-        assert "libnvrtc" in maps_before or "libnvrtc" not in maps, [l for l in maps.splitlines() if "libnvrtc" in l][:3]
+        nvrtc = [line for line in maps.splitlines() if "libnvrtc" in line]
+        assert "libnvrtc" in maps_before or not nvrtc, nvrtc[:3]
         print("ok", dev)
     """)
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -16,6 +16,10 @@ namespace dsa {
 using Desc1 = std::array<int64_t, 3>;
 //! What Python passes for a 2-D tensor: (data_ptr, rows, cols, row_stride, col_stride).
 using Desc2 = std::array<int64_t, 5>;
+//! What Python passes for a 3-D tensor: (data_ptr, size0, size1, size2, stride0..2).
+using Desc3 = std::array<int64_t, 7>;
+//! What Python passes for a 4-D tensor: (data_ptr, size0..3, stride0..3).
+using Desc4 = std::array<int64_t, 9>;
 
 template <typename T>
 struct Strided1D {
@@ -45,12 +49,57 @@ struct Strided2D {
   DSA_HD T& operator()(int64_t r, int64_t c) const {
     return data[r * row_stride + c * col_stride];
   }
-  //! Rows are dense and every row starts on a 16-byte boundary: vector loads are safe.
+  //! Rows are dense and every row starts on a 16-byte boundary: vector accesses are safe.
   bool rows_vectorizable() const {
     return col_stride == 1 && reinterpret_cast<uintptr_t>(data) % 16 == 0 &&
-           (row_stride * static_cast<int64_t>(sizeof(T))) % 16 == 0 &&
-           (cols * static_cast<int64_t>(sizeof(T))) % 16 == 0;
+           (row_stride * static_cast<int64_t>(sizeof(T))) % 16 == 0;
   }
 };
+
+//! N-D strided view (N = 3, 4); the last dimension is the innermost loop in kernels.
+template <typename T, int N>
+struct StridedND {
+  T* data = nullptr;
+  int64_t size[N] = {}, stride[N] = {};
+
+  StridedND() = default;
+  explicit StridedND(const std::array<int64_t, 1 + 2 * N>& d)
+      : data(reinterpret_cast<T*>(static_cast<uintptr_t>(d[0]))) {
+    for (int i = 0; i < N; ++i) {
+      size[i] = d[1 + i];
+      stride[i] = d[1 + N + i];
+    }
+  }
+
+  DSA_HD bool present() const { return data != nullptr; }
+  //! Element offset of the index prefix (i0, i1, ...); missing trailing indices are 0.
+  template <typename... I>
+  DSA_HD int64_t offset(I... idx) const {
+    const int64_t ix[] = {static_cast<int64_t>(idx)...};
+    int64_t off = 0;
+    for (int i = 0; i < static_cast<int>(sizeof...(I)); ++i) off += ix[i] * stride[i];
+    return off;
+  }
+  template <typename... I>
+  DSA_HD T& operator()(I... idx) const {
+    static_assert(sizeof...(I) == N, "one index per dimension");
+    return data[offset(idx...)];
+  }
+  //! The innermost dimension is dense and 16-byte aligned at every index prefix.
+  bool inner_vectorizable() const {
+    if (stride[N - 1] != 1 && size[N - 1] > 1) return false;
+    if (reinterpret_cast<uintptr_t>(data) % 16 != 0) return false;
+    if ((size[N - 1] * static_cast<int64_t>(sizeof(T))) % 16 != 0) return false;
+    for (int i = 0; i < N - 1; ++i) {
+      if (size[i] > 1 && (stride[i] * static_cast<int64_t>(sizeof(T))) % 16 != 0) return false;
+    }
+    return true;
+  }
+};
+
+template <typename T>
+using Strided3D = StridedND<T, 3>;
+template <typename T>
+using Strided4D = StridedND<T, 4>;
 
 }  // namespace dsa

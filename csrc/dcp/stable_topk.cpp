@@ -81,7 +81,7 @@ void stable_topk_cpu(const TopkCandidates& cand, const Strided2D<int32_t>& out) 
     // them cannot show in the output.
     std::partial_sort(keys.begin(), keys.begin() + sel, keys.end(), std::greater<uint64_t>());
     for (int64_t j = 0; j < out.cols; ++j) {
-      out(r, j) = j < sel ? decode_candidate_key(keys[static_cast<size_t>(j)]) : -1;
+      out(r, j) = j < sel ? decode_candidate_gid(keys[static_cast<size_t>(j)]) : -1;
     }
   }
 }

@@ -8,16 +8,13 @@
 // launched through cubin_loader.h.
 #pragma once
 
-#include <array>
 #include <cstdint>
 
 #include "../common/launch.h"
 #include "../common/strided.h"
+#include "candidate_key.h"
 
 namespace dsa {
-
-//! What Python passes for a 3-D tensor: (data_ptr, d0, d1, d2, stride0, stride1, stride2).
-using Desc3 = std::array<int64_t, 7>;
 
 /*!
  * \brief Candidates of every row, rank-major: row r's candidates are cand(w, r, c) for
@@ -38,11 +35,6 @@ struct TopkCandidates {
     return static_cast<uint64_t>(data[w * seg_stride + r * row_stride + c * col_stride]);
   }
 };
-
-//! Global id of a key: -1 for key 0, else the low 32 bits of ~key as int32.
-inline int32_t decode_candidate_key(uint64_t key) {
-  return static_cast<int32_t>(~static_cast<uint32_t>(key));  // key 0 -> 0xFFFFFFFF = -1
-}
 
 void stable_topk_cpu(const TopkCandidates& cand, const Strided2D<int32_t>& out);
 

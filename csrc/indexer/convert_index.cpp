@@ -44,7 +44,7 @@ void convert_req_index_to_global_index(const Desc1& req_id, const Desc2& block_t
   a.workspace_starts = Strided1D<const int32_t>(workspace_starts);
   a.workspace_rank_stride = workspace_rank_stride;
   a.by_block_size = FastDiv(static_cast<uint32_t>(block_size));
-  a.block_stride = block_stride;
+  a.block_stride = static_cast<int32_t>(block_stride);
   a.dcp = DcpLayout(static_cast<int32_t>(world), static_cast<int32_t>(interleave));
   a.rank = static_cast<int32_t>(rank);
   a.compact = compact;

@@ -27,7 +27,7 @@ struct ConvertIndexArgs {
   Strided1D<const int32_t> workspace_starts;    // [P] or absent
   int64_t workspace_rank_stride = 0;
   FastDiv by_block_size;
-  int64_t block_stride = 0;
+  int32_t block_stride = 0;
   DcpLayout dcp;
   int32_t rank = 0;
   bool compact = false;
@@ -66,7 +66,9 @@ DSA_HD ConvertRow convert_row(const ConvertIndexArgs& a, int64_t t) {
  *
  * Invalid: tok < 0; another rank owns tok (decode rows); block index past the table;
  * a block-table entry or workspace base that makes the slot negative or >= 2^31.
+ * kDenseTable: the block table's column stride is known to be 1 (saves the multiply).
  */
+template <bool kDenseTable = false>
 DSA_HD int32_t convert_token(const ConvertIndexArgs& a, const ConvertRow& row, int32_t tok) {
   if (tok < 0) return -1;
   const int32_t q = a.dcp.world == 1 ? tok : a.dcp.local(tok);
@@ -79,8 +81,9 @@ DSA_HD int32_t convert_token(const ConvertIndexArgs& a, const ConvertRow& row, i
     if (a.dcp.world != 1 && a.dcp.owner(tok) != a.rank) return -1;
     const uint32_t blk = a.by_block_size.div(static_cast<uint32_t>(q));
     if (blk >= static_cast<uint64_t>(a.block_table.cols)) return -1;
-    const int64_t base = row.table_row[blk * a.block_table.col_stride];
-    slot = base * a.block_stride + (q - static_cast<int64_t>(blk) * a.by_block_size.d);
+    const int32_t base = row.table_row[kDenseTable ? blk : blk * a.block_table.col_stride];
+    const int32_t offset = q - static_cast<int32_t>(blk * a.by_block_size.d);
+    slot = static_cast<int64_t>(base) * a.block_stride + offset;
   }
   return (slot >= 0 && slot <= INT32_MAX) ? static_cast<int32_t>(slot) : -1;
 }

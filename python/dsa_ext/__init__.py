@@ -3,8 +3,13 @@
 Importing needs no GPU, no driver and no compiler: every kernel is compiled into the
 wheel (SASS for sm_90a and sm_100a) and nothing is compiled at run time.
 """
-from . import _C
+from . import _C, dcp, indexer
+from .c128a import (C128AMetadataBuilder, build_c128a_topk_metadata, c128a_capacity,
+                    c128a_topk_width)
+from .indexer import IndexerMetadataBuilder, decode_path
 from .kv_index import convert_req_index_to_global_index, safe_lengths
+from .dcp import (correct_attention_output, merge_attention_outputs, merge_topk_global,
+                  normalize_lse, pack_dcp_topk_candidates)
 from .topk import stable_topk_from_candidates
 
 __version__ = _C.__version__
@@ -14,6 +19,19 @@ cuda_archs = tuple(_C.cuda_archs.split(","))
 __all__ = [
     "convert_req_index_to_global_index",
     "safe_lengths",
+    "build_c128a_topk_metadata",
+    "c128a_capacity",
+    "c128a_topk_width",
+    "C128AMetadataBuilder",
+    "IndexerMetadataBuilder",
+    "decode_path",
+    "dcp",
+    "indexer",
+    "pack_dcp_topk_candidates",
+    "merge_topk_global",
     "stable_topk_from_candidates",
+    "normalize_lse",
+    "correct_attention_output",
+    "merge_attention_outputs",
     "cuda_archs",
 ]

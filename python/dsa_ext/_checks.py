@@ -23,14 +23,15 @@ def tensor(
     """Check that `t` is a tensor with the given dtype, rank and device."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if dtype is not None and t.dtype != dtype:
+    if dtype is not None and t.dtype is not dtype:
         raise TypeError(f"{name} must be {_dtype_name(dtype)}, got {t.dtype}")
     if ndim is not None and t.dim() != ndim:
         raise ValueError(f"{name} must be {ndim}-D, got shape {tuple(t.shape)}")
-    if device is not None and t.device != device:
+    if device is None:
+        if not (t.is_cuda or t.is_cpu):
+            raise ValueError(f"{name} must be on a CPU or CUDA device, got {t.device}")
+    elif t.device != device:
         raise ValueError(f"{name} must be on {device} like the other inputs, got {t.device}")
-    if t.device.type not in ("cpu", "cuda"):
-        raise ValueError(f"{name} must be on a CPU or CUDA device, got {t.device}")
     return t
 
 
@@ -39,7 +40,7 @@ def optional_tensor(name: str, t, dtype=None, ndim=None, device=None):
 
 
 def shape(name: str, t: torch.Tensor, expected: Sequence[int]) -> None:
-    if tuple(t.shape) != tuple(expected):
+    if t.shape != tuple(expected):
         raise ValueError(f"{name} must have shape {tuple(expected)}, got {tuple(t.shape)}")
 
 
@@ -62,23 +63,45 @@ def integer(name: str, value, minimum: Optional[int] = None,
     return value
 
 
-def dcp_layout(world_size, rank, interleave, block_size: Optional[int] = None) -> None:
-    """Check a DCP layout (spec section 1): W >= 1, 0 <= rank < W, I >= 1, BS % I == 0."""
-    integer("dcp_world_size", world_size, 1)
-    integer("interleave", interleave, 1)
+def dcp_layout(world_size, rank, interleave, block_size: Optional[int] = None,
+               names: Sequence[str] = ("dcp_world_size", "dcp_rank", "interleave")) -> None:
+    """Check a DCP layout (spec section 1): W >= 1, 0 <= rank < W, I >= 1, BS % I == 0.
+
+    `names` are the caller's argument names for (W, rank, I); rank None is not checked.
+    """
+    w_name, r_name, i_name = names
+    integer(w_name, world_size, 1)
+    integer(i_name, interleave, 1)
     if rank is not None:
-        integer("dcp_rank", rank, 0)
+        integer(r_name, rank, 0)
         if rank >= world_size:
-            raise ValueError(
-                f"dcp_rank must be < dcp_world_size ({world_size}), got {rank}")
+            raise ValueError(f"{r_name} must be < {w_name} ({world_size}), got {rank}")
     if world_size * interleave > INT32_MAX:
         raise ValueError(
-            f"dcp_world_size * interleave must be < 2^31, got {world_size} * {interleave}")
+            f"{w_name} * {i_name} must be < 2^31, got {world_size} * {interleave}")
     if block_size is not None and block_size % interleave != 0:
         raise ValueError(
-            f"block_size ({block_size}) must be a multiple of interleave ({interleave}): "
+            f"block_size ({block_size}) must be a multiple of {i_name} ({interleave}): "
             "an interleave group may not straddle a KV block")
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
+
+
+def int_tensor(name: str, t, dtypes=(torch.int32, torch.int64), ndim: Optional[int] = None,
+               device: Optional[torch.device] = None) -> torch.Tensor:
+    """Check a tensor whose dtype is one of `dtypes` (integer lengths, positions, ...)."""
+    tensor(name, t, None, ndim, device)
+    if t.dtype not in dtypes:
+        names = " or ".join(_dtype_name(d) for d in dtypes)
+        raise TypeError(f"{name} must be {names}, got {t.dtype}")
+    return t
+
+
+def same_length(name: str, t: torch.Tensor, other: str, n: int, at_least: bool = False) -> None:
+    """Check len(t) == n (or >= n), n being the length of argument `other`."""
+    got = t.shape[0]
+    if got < n or (not at_least and got != n):
+        rule = "at least" if at_least else "exactly"
+        raise ValueError(f"{name} must have {rule} {n} entries (like {other}), got {got}")

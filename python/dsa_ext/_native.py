@@ -16,7 +16,6 @@ from typing import Callable, Optional
 
 import torch
 
-from . import _C
 
 _LIB = torch.library.Library("dsa_ext", "DEF")
 
@@ -27,12 +26,37 @@ def desc1(t: Optional[torch.Tensor]) -> tuple:
     """(data_ptr, size, stride) of a 1-D tensor; all zeros when absent."""
     if t is None:
         return _NO_DESC1
-    return (t.data_ptr(), t.shape[0], t.stride(0))
+    return (t.data_ptr(), *t.shape, *t.stride())
 
 
 def desc2(t: torch.Tensor) -> tuple:
     """(data_ptr, rows, cols, row_stride, col_stride) of a 2-D tensor."""
-    return (t.data_ptr(), t.shape[0], t.shape[1], t.stride(0), t.stride(1))
+    return (t.data_ptr(), *t.shape, *t.stride())
+
+
+def desc1_prefix(t: torch.Tensor, n: int) -> tuple:
+    """desc1 of t[:n] without building the view (a slice costs ~1 us of host time)."""
+    return (t.data_ptr(), n, t.stride(0))
+
+
+def desc2_prefix(t: torch.Tensor, rows: int, cols: int) -> tuple:
+    """desc2 of t[:rows, :cols] without building the view."""
+    return (t.data_ptr(), rows, cols, t.stride(0), t.stride(1))
+
+
+def desc3(t: torch.Tensor) -> tuple:
+    """(data_ptr, size0, size1, size2, stride0, stride1, stride2) of a 3-D tensor."""
+    return (t.data_ptr(), *t.shape, *t.stride())
+
+
+def desc4(t: torch.Tensor) -> tuple:
+    """(data_ptr, size0..size3, stride0..stride3) of a 4-D tensor."""
+    return (t.data_ptr(), *t.shape, *t.stride())
+
+
+def desc2_or_none(t: Optional[torch.Tensor]) -> tuple:
+    """desc2 of t; all zeros when absent."""
+    return (0, 0, 0, 0, 0) if t is None else desc2(t)
 
 
 try:
@@ -44,9 +68,9 @@ except AttributeError:  # pragma: no cover - older or CPU-only builds of torch
 
 def place(t: torch.Tensor) -> tuple[int, int]:
     """(device index, stream handle) for a launch on t's device; (-1, 0) on the CPU."""
-    if t.device.type == "cpu":
+    if not t.is_cuda:
         return -1, 0
-    index = t.device.index
+    index = t.get_device()
     return index, _raw_stream(index)
 
 

@@ -104,50 +104,266 @@ def _gather_or(values: Tensor, index: Tensor, fill: int) -> Tensor:
 
 
 # ---------------------------------------------------------------------------------------
-# Section 6: DCP top-K merge
+# Section 1 (applied): rank-local lengths of many lengths
 # ---------------------------------------------------------------------------------------
 
-_TOP_BIT = -(2**63)  # int64 with only bit 63 set
+
+def local_seq_lens(seq_lens: Tensor, rank: Optional[int], world: int,
+                   interleave: int) -> Tensor:
+    """Rank-local lengths; rank None -> a trailing dimension of size `world`."""
+    L = seq_lens.long()
+    if rank is None:
+        cols = [dcp_local_length(L, r, world, interleave) for r in range(world)]
+        return torch.stack(cols, dim=-1).to(seq_lens.dtype)
+    return dcp_local_length(L, rank, world, interleave).to(seq_lens.dtype)
+
+
+# ---------------------------------------------------------------------------------------
+# Section 3: C128A metadata
+# ---------------------------------------------------------------------------------------
+
+
+def build_c128a_topk_metadata(positions: Tensor, ratio: int, num_decode_tokens: int,
+                              token_to_req: Tensor, block_table: Tensor, block_size: int,
+                              slot_mapping: Tensor, width: int
+                              ) -> tuple[Tensor, Tensor, Tensor]:
+    """Returns (decode int32 [Td, width], decode_lens int32 [Td], prefill int32 [T-Td, width])."""
+    Td = num_decode_tokens
+    T = positions.shape[0]
+    R, NB = block_table.shape
+    # n_t = min((pos + 1) // ratio, width); a negative position gives 0.
+    n = ((positions.long() + 1) // ratio).clamp(0, width)
+    i = torch.arange(width, dtype=torch.int64)
+
+    # Decode rows: slot of compressed position i through the request's block-table row.
+    dn = torch.where(slot_mapping[:Td].long() >= 0, n[:Td], torch.zeros_like(n[:Td]))
+    req = token_to_req[:Td].long()
+    blk = (i // block_size)[None, :].expand(Td, width)
+    entry_ok = (req >= 0)[:, None] & (req < R)[:, None] & (blk < NB) & (i[None, :] < dn[:, None])
+    table = _gather_or(block_table.long().reshape(-1), req[:, None] * NB + blk, 0)
+    slot = table * block_size + (i % block_size)[None, :]
+    entry_ok &= (slot >= 0) & (slot < 2**31)
+    decode = torch.where(entry_ok, slot, torch.full_like(slot, -1))
+
+    # Prefill rows: the compressed positions themselves.
+    pn = n[Td:]
+    prefill = torch.where(i[None, :] < pn[:, None], i[None, :].expand(T - Td, width),
+                          torch.full((T - Td, width), -1, dtype=torch.int64))
+    return decode.to(torch.int32), dn.to(torch.int32), prefill.to(torch.int32)
+
+
+# ---------------------------------------------------------------------------------------
+# Section 4: decode per-token context lengths
+# ---------------------------------------------------------------------------------------
+
+
+def decode_token_requests(num_decode_tokens: int, num_reqs: int, next_n: Optional[int] = None,
+                          query_start_loc: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+    """(request of each token or -1, one past the request's last token) for a decode batch."""
+    req = torch.full((num_decode_tokens,), -1, dtype=torch.int64)
+    end = torch.zeros(num_decode_tokens, dtype=torch.int64)
+    if query_start_loc is None:
+        for t in range(num_decode_tokens):
+            if t // next_n < num_reqs:
+                req[t], end[t] = t // next_n, (t // next_n + 1) * next_n
+    else:
+        qsl = query_start_loc.long().tolist()
+        for b in range(num_reqs):
+            for t in range(max(qsl[b], 0), min(qsl[b + 1], num_decode_tokens)):
+                req[t], end[t] = b, qsl[b + 1]
+    return req, end
+
+
+def decode_context_lens(seq_lens: Tensor, num_decode_tokens: int, *,
+                        next_n: Optional[int] = None, query_start_loc: Optional[Tensor] = None,
+                        compress_ratio: int = 1, dcp_world_size: int = 1,
+                        dcp_rank: Optional[int] = 0, interleave: int = 1
+                        ) -> tuple[Tensor, Tensor, Tensor]:
+    """Per-token context lengths of a decode batch (spec section 4).
+
+    Token t of request b sees max(S[b] - end_b + t + 1, 0) positions, end_b = one past
+    b's last token (uniform: b = t // next_n, end_b = (b + 1) * next_n, which is
+    max(S[b] - next_n + j + 1, 0)), then // compress_ratio, then DCP-localized.
+    Returns (global int32 [Td], local int32 [Td] or [Td, W] for rank None, row map int32 [Td]).
+    """
+    req, end = decode_token_requests(num_decode_tokens, seq_lens.shape[0], next_n,
+                                     query_start_loc)
+    S = _gather_or(seq_lens.long(), req, 0)
+    t = torch.arange(num_decode_tokens, dtype=torch.int64)
+    length = torch.where(req >= 0, (S - end + t + 1).clamp(min=0), torch.zeros_like(S))
+    length = length // compress_ratio
+    local = local_seq_lens(length, dcp_rank, dcp_world_size, interleave)
+    return length.to(torch.int32), local.to(torch.int32), req.to(torch.int32)
+
+
+def decode_row_ends(seq_lens: Tensor, next_n: int) -> Tensor:
+    """Top-k row bounds: row_end[i] = S[i // next_n] - next_n + i % next_n + 1 (>= 0)."""
+    i = torch.arange(seq_lens.shape[0] * next_n)
+    return (seq_lens.long()[i // next_n] - next_n + i % next_n + 1).clamp(min=0).to(torch.int32)
+
+
+# ---------------------------------------------------------------------------------------
+# Section 5: prefill chunk metadata
+# ---------------------------------------------------------------------------------------
+
+
+def prefill_chunk_bounds(seq_lens: Tensor, query_start_loc: Tensor, token_start: int,
+                         token_end: int, *, compress_ratio: int = 1, dcp_world_size: int = 1,
+                         dcp_rank: int = 0, interleave: int = 1) -> dict:
+    """Spec section 5 for one chunk: requests = all of seq_lens, tokens [token_start, token_end).
+
+    ks = row_start(b), ke = row_start(b) + local((S[b] - query_len + 1 + o) // ratio), where
+    row_start is the cumulative rank-local compressed KV length.
+    """
+    W, r, I = dcp_world_size, dcp_rank, interleave
+    S = seq_lens.long().tolist()
+    qsl = query_start_loc.long().tolist()
+    kv = [s // compress_ratio for s in S]
+    local_kv = [int(dcp_local_length(k, r, W, I)) for k in kv]
+    cu = [0]
+    local_cu = [0]
+    for k, lk in zip(kv, local_kv):
+        cu.append(cu[-1] + k)
+        local_cu.append(local_cu[-1] + lk)
+    ks, ke, tts = [], [], []
+    for gt in range(token_start, token_end):
+        b = next((b for b in range(len(S)) if qsl[b] <= gt < qsl[b + 1]), -1)
+        if b < 0:
+            ks.append(0), ke.append(0), tts.append(-1)
+            continue
+        o = gt - qsl[b]
+        start_pos = S[b] - (qsl[b + 1] - qsl[b])
+        visible = max(start_pos + 1 + o, 0) // compress_ratio
+        ks.append(local_cu[b])
+        ke.append(local_cu[b] + int(dcp_local_length(visible, r, W, I)))
+        tts.append(b)
+    i32 = lambda v: torch.tensor(v, dtype=torch.int32)  # noqa: E731
+    return dict(cu_seqlen_ks=i32(ks), cu_seqlen_ke=i32(ke), token_to_seq=i32(tts),
+                cu_seq_lens=i32(cu), local_cu_seq_lens=i32(local_cu),
+                total_seq_lens=cu[-1], local_total_seq_lens=local_cu[-1],
+                max_local_total_seq_lens=max(
+                    sum(int(dcp_local_length(k, rr, W, I)) for k in kv) for rr in range(W)))
+
+
+# Section 6: DCP top-K merge
+#
+# A candidate is one int64 holding the bits of an unsigned 64-bit key:
+#   key = (ordered(score_bits) << 32) | (~gid & 0xFFFFFFFF); key = 0 when invalid,
+# ordered(u) = ~u if the sign bit is set else u | 0x80000000. Descending unsigned key
+# order = score descending, then global id ascending, invalid last.
+# ---------------------------------------------------------------------------------------
+
+_U32 = 0xFFFFFFFF
+
+
+def ordered_score_bits(scores: Tensor) -> Tensor:
+    """fp32 scores -> int64 in [0, 2^32) whose order is the total score order."""
+    u = scores.to(torch.float32).contiguous().view(torch.int32).long() & _U32
+    return torch.where(u >= 2**31, ~u & _U32, u | 2**31)
 
 
 def encode_candidate_keys(scores: Tensor, gids: Tensor) -> Tensor:
-    """Pack (fp32 score, int32 global id) pairs into int64 candidate keys (spec 6a).
-
-    The int64 holds the bits of the unsigned key
-    ``(ordered(bits(score)) << 32) | (~gid & 0xFFFFFFFF)``, with
-    ``ordered(u) = ~u if u & 0x80000000 else u | 0x80000000``; invalid ids (gid < 0)
-    give key 0. Larger unsigned key = better candidate.
-    """
-    u = scores.to(torch.float32).contiguous().view(torch.int32).long() & 0xFFFFFFFF
-    ordered = torch.where(u >= 2**31, u ^ 0xFFFFFFFF, u | 0x80000000)  # in [0, 2^32)
-    hi = torch.where(ordered >= 2**31, ordered - 2**32, ordered)  # same bits as int32
-    g = gids.long()
-    key = hi * 2**32 + ((~g) & 0xFFFFFFFF)  # the int64 with bits (ordered << 32) | ~gid
-    return torch.where(g < 0, torch.zeros_like(key), key)
+    """int64 keys of (fp32 score, global id) pairs; a gid outside [0, 2^31) gives key 0."""
+    ordered = ordered_score_bits(scores)
+    hi = torch.where(ordered >= 2**31, ordered - 2**32, ordered)  # the high word, signed
+    gids = gids.long()
+    key = hi * 2**32 + (~gids & _U32)  # exact: no int64 overflow
+    valid = (gids >= 0) & (gids < 2**31)
+    return torch.where(valid, key, torch.zeros_like(key))
 
 
-def decode_candidate_keys(keys: Tensor) -> Tensor:
-    """Global ids of int64 candidate keys: -1 for key 0, else the int32 ~(low 32 bits)."""
-    low = (~keys.long()) & 0xFFFFFFFF
-    gid = torch.where(low >= 2**31, low - 2**32, low)
+def decode_candidate_gids(keys: Tensor) -> Tensor:
+    """int32 global ids of keys; -1 for the invalid key 0."""
+    gid = ~keys & _U32
     return torch.where(keys == 0, torch.full_like(gid, -1), gid).to(torch.int32)
 
 
-def stable_topk_from_candidates(candidates: Tensor, k: int) -> Tensor:
-    """Global ids of each row's k largest keys, largest first; -1 past the candidates.
+def stable_topk_from_candidates(cands: Tensor, k: int) -> Tensor:
+    """int32 [rows, k] global ids of the k largest keys of each row, in descending key
+    order (score descending, then gid ascending); -1 where a row has fewer than k valid
+    candidates. `cands` is int64 [rows, N] or the all-gathered [W, rows, K] (rank-major:
+    candidate n of row i is cands[n // K, i, n % K])."""
+    if cands.dim() == 3:
+        W, rows, K = cands.shape
+        cands = cands.permute(1, 0, 2).reshape(rows, W * K)
+    rows, N = cands.shape
+    # Unsigned order == signed order of the keys with the top bit flipped.
+    signed = cands ^ torch.iinfo(torch.int64).min
+    ordered = torch.sort(signed, dim=1, descending=True, stable=True).values
+    keys = ordered[:, :k] ^ torch.iinfo(torch.int64).min
+    out = torch.full((rows, k), -1, dtype=torch.int32, device=cands.device)
+    out[:, : keys.shape[1]] = decode_candidate_gids(keys)
+    return out
 
-    candidates: int64 ``[rows, N]`` or ``[W, rows, K]`` (row r: ``candidates[:, r, :]``).
-    Keys compare as unsigned 64-bit integers: flipping the top bit makes the signed int64
-    order equal to that order. Equal keys are identical candidates, so ties cannot show.
-    """
-    if candidates.dim() == 3:
-        W, rows, K = candidates.shape
-        candidates = candidates.permute(1, 0, 2).reshape(rows, W * K)  # rank-major
-    rows, n = candidates.shape
-    signed = candidates.long() ^ _TOP_BIT
-    ordered, _ = torch.sort(signed, dim=1, descending=True, stable=True)
-    keys = ordered[:, :k] ^ _TOP_BIT
-    ids = decode_candidate_keys(keys)
-    if k > n:
-        ids = torch.cat([ids, torch.full((rows, k - n), -1, dtype=torch.int32)], dim=1)
-    return ids
+
+def indexer_topk(logits: Tensor, k: int, lengths: Optional[Tensor] = None) -> Tensor:
+    """Per-row top-k column ids of fp32 logits [rows, L] in the same total order (score
+    descending, lower column first among ties; +NaN highest, -inf low); columns >=
+    lengths[row] are not candidates; -1 fills a shortfall. This is the tie rule a rank's
+    local top-K must follow for the DCP merge to equal the unsharded top-K."""
+    rows, L = logits.shape
+    pos = torch.arange(L, device=logits.device).expand(rows, L)
+    if lengths is not None:
+        pos = torch.where(pos < lengths.long()[:, None], pos, torch.full_like(pos, -1))
+    return stable_topk_from_candidates(encode_candidate_keys(logits, pos), k)
+
+
+def pack_dcp_topk_candidates(logits: Tensor, topk_indices: Tensor, rank: int,
+                             world_size: int, interleave: int = 1,
+                             row_starts: Optional[Tensor] = None) -> Tensor:
+    """int64 [rows, K] candidate keys of a rank's local top-K (spec 6a)."""
+    rows, cols = logits.shape
+    local = topk_indices.long()
+    start = 0 if row_starts is None else row_starts.long()[:, None]
+    col = (local + start).clamp(0, max(cols - 1, 0))
+    if cols:
+        score = logits.gather(1, col)
+    else:
+        score = torch.zeros(local.shape, dtype=torch.float32, device=logits.device)
+    gid = dcp_global_position(local, rank, world_size, interleave)
+    valid = (local >= 0) & (cols > 0)
+    return encode_candidate_keys(score, torch.where(valid, gid, torch.full_like(gid, -1)))
+
+
+# ---------------------------------------------------------------------------------------
+# Section 7: DCP attention output merge (LSE)
+# ---------------------------------------------------------------------------------------
+
+
+def correct_attention_output(partial: Tensor, lses: Tensor, rank: int,
+                             lse_base: float = 2.0) -> tuple[Tensor, Tensor]:
+    """This rank's weighted partial outputs [W, B, H/W, D] (head-block-major, the dtype
+    of `partial`) and the global LSE G [B, H] (fp32, base `lse_base`), computed in fp64.
+
+    partial [B, H, D] over this rank's KV shard; lses [W, B, H] of every rank."""
+    W, B, H = lses.shape
+    D = partial.shape[2]
+    base2 = lse_base == 2.0
+    lse = lses.double()
+    lse = torch.where(torch.isnan(lse) | (lse == float("inf")),
+                      torch.full_like(lse, float("-inf")), lse)
+    m = lse.max(dim=0).values
+    m = torch.where(m == float("-inf"), torch.zeros_like(m), m)
+    exp = torch.exp2 if base2 else torch.exp
+    log = torch.log2 if base2 else torch.log
+    g = m + log(exp(lse - m).sum(dim=0))
+    diff = lse[rank] - g
+    factor = torch.where(torch.isnan(diff), torch.zeros_like(diff), exp(diff))
+    weighted = partial.double() * factor[:, :, None]
+    weighted = torch.where(factor[:, :, None] == 0, torch.zeros_like(weighted), weighted)
+    corrected = weighted.to(partial.dtype).reshape(B, W, H // W, D).permute(1, 0, 2, 3)
+    return corrected.contiguous(), g.float()
+
+
+def merge_attention_outputs(partials: list, lses: list, lse_base: float = 2.0
+                            ) -> tuple[list, list]:
+    """Every rank's merged output [B, H/W, D] and LSE slice [B, H/W] (spec 7), from all
+    ranks' partial outputs [B, H, D] and LSEs [B, H]; the reduction runs in fp64."""
+    W = len(partials)
+    stacked = torch.stack(lses)
+    parts = [correct_attention_output(p, stacked, r, lse_base) for r, p in enumerate(partials)]
+    total = sum(c.double() for c, _ in parts)  # [W, B, H/W, D]
+    g = parts[0][1]
+    Hl = g.shape[1] // W
+    outs = [total[r].to(partials[0].dtype) for r in range(W)]
+    return outs, [g[:, r * Hl:(r + 1) * Hl] for r in range(W)]

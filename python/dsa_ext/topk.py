@@ -14,17 +14,17 @@ Tensor = torch.Tensor
 CUDA_MAX_SELECTED = 16384
 
 
-def _desc3(t: Tensor) -> tuple:
-    """(data_ptr, W, rows, K, stride...) of the candidates; a 2-D input is W = 1."""
+def _candidates_desc3(t: Tensor) -> tuple:
+    """desc3 of the candidates as [W, rows, K]; a 2-D [rows, N] input is W = 1."""
     if t.dim() == 2:
         return (t.data_ptr(), 1, t.shape[0], t.shape[1], 0, t.stride(0), t.stride(1))
-    return (t.data_ptr(), t.shape[0], t.shape[1], t.shape[2],
-            t.stride(0), t.stride(1), t.stride(2))
+    return _native.desc3(t)
 
 
 def _topk_impl(candidates: Tensor, out: Tensor) -> None:
     device, stream = _native.place(candidates)
-    _C.stable_topk_from_candidates(_desc3(candidates), _native.desc2(out), device, stream)
+    _C.stable_topk_from_candidates(_candidates_desc3(candidates), _native.desc2(out),
+                                   device, stream)
 
 
 _topk_op = _native.define(

@@ -1,0 +1,63 @@
+// DCP candidate packing: a rank's local top-K -> lossless 64-bit candidate keys (spec 6a).
+//
+// The per-candidate rule (pack_candidate) is shared by the CPU loop and the CUDA kernel.
+#pragma once
+
+#include <cstdint>
+
+#include "../common/dcp_math.h"
+#include "../common/launch.h"
+#include "../common/numeric.h"
+#include "../common/strided.h"
+#include "candidate_key.h"
+
+namespace dsa {
+
+/*!
+ * \brief Everything one packing needs, prepared on the host.
+ *
+ * Logits are read as raw fp32 bits (the key orders the bits, no float math happens).
+ */
+struct PackCandidatesArgs {
+  Strided2D<const uint32_t> logits;       // [rows, cols] fp32 bits
+  Strided2D<const int32_t> topk_indices;  // [rows, K] rank-local ids, -1 = none
+  Strided1D<const int32_t> row_starts;    // [rows] column offset per row, or absent
+  Strided2D<uint64_t> out;                // [rows, K] keys (an int64 tensor)
+  DcpLayout dcp;
+  int32_t rank = 0;
+};
+
+/*!
+ * \brief Key of the candidate with rank-local id `local` in row `row`.
+ *
+ * valid = local >= 0 and the global id is below 2^31; the score column
+ * local + row_start is clamped to [0, cols - 1], so no id reads out of bounds
+ * (with cols == 0 nothing can be read and every candidate is invalid).
+ */
+DSA_HD uint64_t pack_candidate(const PackCandidatesArgs& a, int64_t row, int64_t row_start,
+                               int32_t local) {
+  if (local < 0 || a.logits.cols <= 0) return kInvalidCandidateKey;
+  int64_t col = static_cast<int64_t>(local) + row_start;
+  col = col < 0 ? 0 : (col >= a.logits.cols ? a.logits.cols - 1 : col);
+  const uint32_t bits = load_read_only(&a.logits(row, col));
+  const int64_t gid = a.dcp.world == 1 ? local : a.dcp.global(local, a.rank);
+  return encode_candidate_key(bits, gid);
+}
+
+DSA_HD int64_t pack_row_start(const PackCandidatesArgs& a, int64_t row) {
+  return a.row_starts.present() ? static_cast<int64_t>(a.row_starts[row]) : 0;
+}
+
+void pack_candidates_cpu(const PackCandidatesArgs& args);
+void pack_candidates_cuda(const PackCandidatesArgs& args, const Place& place);
+
+/*!
+ * \brief Entry point bound to Python: builds the arguments from the descriptors the
+ *        (already validated) Python layer passes and runs on the CPU or the device.
+ */
+void pack_dcp_topk_candidates(const Desc2& logits, const Desc2& topk_indices,
+                              const Desc1& row_starts, int64_t rank, int64_t world,
+                              int64_t interleave, const Desc2& out, int64_t device,
+                              int64_t stream);
+
+}  // namespace dsa

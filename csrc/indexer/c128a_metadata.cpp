@@ -1,0 +1,41 @@
+// C128A metadata: the entry point and the CPU implementation.
+#include "c128a_metadata.h"
+
+namespace dsa {
+
+void c128a_metadata_cpu(const C128AArgs& a) {
+  for (int64_t t = 0; t < a.num_tokens; ++t) {
+    const C128ARow row = c128a_row(a, t);
+    for (int64_t i = 0; i < a.width; ++i) row.out[i * row.col_stride] = c128a_entry(a, row, i);
+    if (row.decode) a.decode_lens[t] = row.n;
+  }
+}
+
+void build_c128a_topk_metadata(const Desc1& positions, const Desc1& token_to_req,
+                               const Desc2& block_table, const Desc1& slot_mapping,
+                               const Desc2& decode, const Desc1& decode_lens,
+                               const Desc2& prefill, int64_t ratio, int64_t block_size,
+                               int64_t num_decode, int64_t width, int64_t device,
+                               int64_t stream) {
+  C128AArgs a;
+  a.positions = Strided1D<const int64_t>(positions);
+  a.token_to_req = Strided1D<const int32_t>(token_to_req);
+  a.block_table = Strided2D<const int32_t>(block_table);
+  a.slot_mapping = Strided1D<const int64_t>(slot_mapping);
+  a.decode = Strided2D<int32_t>(decode);
+  a.decode_lens = Strided1D<int32_t>(decode_lens);
+  a.prefill = Strided2D<int32_t>(prefill);
+  a.ratio = ratio;
+  a.num_tokens = a.positions.size;
+  a.num_decode = num_decode;
+  a.width = width;
+  a.by_block_size = FastDiv(static_cast<uint32_t>(block_size));
+  const Place place{device, stream};
+  if (place.on_cuda()) {
+    c128a_metadata_cuda(a, place);
+  } else {
+    c128a_metadata_cpu(a);
+  }
+}
+
+}  // namespace dsa

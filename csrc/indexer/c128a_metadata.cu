@@ -1,0 +1,91 @@
+// C128A metadata: the CUDA kernel and its launcher.
+//
+// The op is write-bound (T x width x 4 bytes out, a few bytes in per row). Grid: y strides
+// over the rows, x splits a row's columns only when there are too few rows to fill the
+// device; each thread then loops over its row's columns in steps of kThreads x kItems.
+// Decode and prefill rows share one launch and a block never diverges on the row kind.
+// Few, long-lived blocks pay the dependent loads of a row's setup (position, request,
+// table row) once per row instead of once per 4 KB of output. With dense 16-byte-aligned
+// rows each thread writes kItems columns as two int4 stores.
+#include <atomic>
+
+#include "c128a_metadata.h"
+
+namespace dsa {
+namespace {
+
+constexpr int kItems = 8;  // columns per thread per step: two 16-byte stores
+constexpr int64_t kMaxGridY = 65535;
+
+template <int kThreads, bool kVector>
+__global__ void __launch_bounds__(kThreads) c128a_metadata_kernel(const C128AArgs a) {
+  const int64_t step = static_cast<int64_t>(gridDim.x) * kThreads * kItems;
+  for (int64_t t = blockIdx.y; t < a.num_tokens; t += gridDim.y) {
+    const C128ARow row = c128a_row(a, t);
+    if (row.decode && blockIdx.x == 0 && threadIdx.x == 0) a.decode_lens[t] = row.n;
+    for (int64_t c0 = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) * kItems;
+         c0 < a.width; c0 += step) {
+      if (kVector && c0 + kItems <= a.width) {
+        int32_t v[kItems];
+#pragma unroll
+        for (int j = 0; j < kItems; ++j) v[j] = c128a_entry(a, row, c0 + j);
+        *reinterpret_cast<int4*>(row.out + c0) = make_int4(v[0], v[1], v[2], v[3]);
+        *reinterpret_cast<int4*>(row.out + c0 + 4) = make_int4(v[4], v[5], v[6], v[7]);
+      } else {
+        for (int64_t c = c0; c < c0 + kItems && c < a.width; ++c) {
+          row.out[c * row.col_stride] = c128a_entry(a, row, c);
+        }
+      }
+    }
+  }
+}
+
+//! An empty view needs no alignment; a non-empty one must have dense aligned rows.
+bool vectorizable(const Strided2D<int32_t>& s) { return s.rows == 0 || s.rows_vectorizable(); }
+
+//! SM count of a device, queried once per device (no synchronization involved).
+int sm_count(int64_t device) {
+  static std::atomic<int> cache[64] = {};
+  const bool cached = device >= 0 && device < 64;
+  if (cached) {
+    const int known = cache[device].load(std::memory_order_relaxed);
+    if (known > 0) return known;
+  }
+  int count = 0;
+  throw_on_cuda_error(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount,
+                                             static_cast<int>(device)),
+                      "cudaDeviceGetAttribute");
+  if (cached) cache[device].store(count, std::memory_order_relaxed);
+  return count;
+}
+
+template <int kThreads>
+void launch(const C128AArgs& a, const Place& place) {
+  const int64_t rows = a.num_tokens < kMaxGridY ? a.num_tokens : kMaxGridY;
+  const int64_t per_block = static_cast<int64_t>(kThreads) * kItems;
+  const int64_t max_x = (a.width + per_block - 1) / per_block;  // one step per thread
+  const int64_t want_x = (2 * sm_count(place.device) + rows - 1) / rows;  // >= 2 blocks/SM
+  const int64_t grid_x = want_x < 1 ? 1 : (want_x > max_x ? max_x : want_x);
+  const dim3 grid(static_cast<unsigned>(grid_x), static_cast<unsigned>(rows));
+  if (vectorizable(a.decode) && vectorizable(a.prefill)) {
+    c128a_metadata_kernel<kThreads, true><<<grid, kThreads, 0, place.cuda_stream()>>>(a);
+  } else {
+    c128a_metadata_kernel<kThreads, false><<<grid, kThreads, 0, place.cuda_stream()>>>(a);
+  }
+}
+
+}  // namespace
+
+void c128a_metadata_cuda(const C128AArgs& a, const Place& place) {
+  if (a.num_tokens == 0 || a.width == 0) return;
+  DeviceGuard guard(place.device);
+  // Narrow rows would leave most of a 256-thread block idle.
+  if (a.width >= 256 * kItems) {
+    launch<256>(a, place);
+  } else {
+    launch<128>(a, place);
+  }
+  throw_on_cuda_error(cudaGetLastError(), "c128a_metadata kernel launch");
+}
+
+}  // namespace dsa

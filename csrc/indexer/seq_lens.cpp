@@ -1,0 +1,97 @@
+// Per-token sequence lengths: the entry points and the CPU implementations.
+#include "seq_lens.h"
+
+namespace dsa {
+void local_lens_cpu(const LocalLensArgs& a) {
+  for (int64_t i = 0; i < a.num; ++i) {
+    if (a.is_int64) {
+      local_lens_element(a.lens64, a.out64, a, i);
+    } else {
+      local_lens_element(a.lens32, a.out32, a, i);
+    }
+  }
+}
+
+void decode_lens_cpu(const DecodeLensArgs& a) {
+  for (int64_t t = 0; t < a.num_tokens; ++t) decode_lens_element(a, t);
+}
+
+void prefill_bounds_cpu(const PrefillBoundsArgs& a) {
+  for (int64_t t = 0; t < a.num_tokens; ++t) prefill_bounds_element(a, t);
+}
+
+void dcp_local_seq_lens(const Desc1& lens, const Desc2& out, bool is_int64, int64_t rank,
+                        int64_t world, int64_t interleave, int64_t device, int64_t stream) {
+  LocalLensArgs a;
+  if (is_int64) {
+    a.lens64 = Strided1D<const int64_t>(lens);
+    a.out64 = Strided2D<int64_t>(out);
+  } else {
+    a.lens32 = Strided1D<const int32_t>(lens);
+    a.out32 = Strided2D<int32_t>(out);
+  }
+  a.is_int64 = is_int64;
+  a.num = lens[1];
+  a.rank = rank;
+  a.world = world;
+  a.interleave = interleave;
+  const Place place{device, stream};
+  if (place.on_cuda()) {
+    local_lens_cuda(a, place);
+  } else {
+    local_lens_cpu(a);
+  }
+}
+
+void expand_decode_seq_lens(const Desc1& seq_lens, const Desc1& query_start_loc,
+                            int64_t next_n, int64_t num_tokens, int64_t ratio, int64_t rank,
+                            int64_t world, int64_t interleave, const Desc1& global_lens,
+                            const Desc2& local_lens, const Desc1& row_map, int64_t device,
+                            int64_t stream) {
+  DecodeLensArgs a;
+  a.seq_lens = Strided1D<const int32_t>(seq_lens);
+  a.query_start_loc = Strided1D<const int32_t>(query_start_loc);
+  a.next_n = next_n;
+  a.num_tokens = num_tokens;
+  a.ratio = ratio;
+  a.rank = rank;
+  a.world = world;
+  a.interleave = interleave;
+  a.global_lens = Strided1D<int32_t>(global_lens);
+  a.local_lens = Strided2D<int32_t>(local_lens);
+  a.row_map = Strided1D<int32_t>(row_map);
+  const Place place{device, stream};
+  if (place.on_cuda()) {
+    decode_lens_cuda(a, place);
+  } else {
+    decode_lens_cpu(a);
+  }
+}
+
+void prefill_chunk_bounds(const Desc1& seq_lens, const Desc1& query_start_loc,
+                          const Desc1& row_starts, int64_t token_start, int64_t num_tokens,
+                          int64_t ratio, int64_t rank, int64_t world, int64_t interleave,
+                          const Desc1& ks, const Desc1& ke, const Desc1& token_to_seq,
+                          int64_t device, int64_t stream) {
+  PrefillBoundsArgs a;
+  a.seq_lens = Strided1D<const int32_t>(seq_lens);
+  a.query_start_loc = Strided1D<const int32_t>(query_start_loc);
+  a.row_starts = Strided1D<const int32_t>(row_starts);
+  a.token_start = token_start;
+  a.num_tokens = num_tokens;
+  a.ratio = ratio;
+  a.rank = rank;
+  a.world = world;
+  a.interleave = interleave;
+  a.ks = Strided1D<int32_t>(ks);
+  a.ke = Strided1D<int32_t>(ke);
+  a.token_to_seq = Strided1D<int32_t>(token_to_seq);
+  const Place place{device, stream};
+  if (place.on_cuda()) {
+    prefill_bounds_cuda(a, place);
+  } else {
+    prefill_bounds_cpu(a);
+  }
+}
+
+}  // namespace dsa

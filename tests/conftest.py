@@ -1,0 +1,41 @@
+"""Shared fixtures: every op test runs on the CPU everywhere and on CUDA when present."""
+import os
+
+import pytest
+import torch
+from hypothesis import HealthCheck, settings
+
+# Random-case budgets: "dsa" for CI and GPU runs, "sanitizer" under compute-sanitizer
+# (every launch is ~100x slower there). Tests take @given alone and inherit these.
+_SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large]
+settings.register_profile("dsa", max_examples=100, deadline=None, suppress_health_check=_SLOW_OK)
+settings.register_profile("sanitizer", max_examples=6, deadline=None,
+                          suppress_health_check=_SLOW_OK)
+settings.load_profile(os.environ.get("DSA_EXT_HYPOTHESIS_PROFILE", "dsa"))
+
+HAS_CUDA = torch.cuda.is_available()
+
+requires_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if "cuda" in item.keywords and not HAS_CUDA:
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA device"))
+
+
+@pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def device(request):
+    """The device an op runs on; its results are compared with the CPU reference."""
+    return torch.device(request.param)
+
+
+def assert_equal(got: torch.Tensor, want: torch.Tensor, **ctx):
+    """Exact comparison that names the first mismatching coordinate and the case."""
+    got = got.cpu()
+    want = want.cpu().to(got.dtype)
+    assert got.shape == want.shape, f"shape {tuple(got.shape)} != {tuple(want.shape)} {ctx}"
+    if not torch.equal(got, want):
+        first = tuple((got != want).nonzero()[0].tolist())
+        raise AssertionError(
+            f"mismatch at {first}: got {got[first].item()} want {want[first].item()} {ctx}")

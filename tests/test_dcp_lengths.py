@@ -1,0 +1,125 @@
+"""DCP local lengths (spec section 1) and their use after per-token expansion (spec 4)."""
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from dsa_ext import dcp, reference
+from dsa_ext.indexer import decode_context_lens
+from conftest import assert_equal
+
+I32, I64 = torch.int32, torch.int64
+
+
+def naive_local_length(L: int, rank: int, world: int, interleave: int) -> int:
+    return sum(1 for p in range(L) if (p // interleave) % world == rank)
+
+
+# ---------------------------------------------------------------------------------------
+# Fixed vectors
+# ---------------------------------------------------------------------------------------
+
+
+def test_spec_vector_localize_after_expansion(device):
+    bounds = torch.tensor([8, 9, 10], dtype=I32, device=device)
+    assert dcp.local_seq_lens(bounds, 1, 2, 1).tolist() == [4, 4, 5]
+    # The wrong order (localize the request length, then subtract offsets) differs.
+    wrong = dcp.local_seq_lens(torch.tensor([10], dtype=I32), 1, 2, 1) - torch.tensor([2, 1, 0])
+    assert wrong.tolist() == [3, 4, 5]
+    # The decode expansion localizes per token: S=10, next_n=3, W=2, rank 1.
+    glob, local, _ = decode_context_lens(torch.tensor([10], dtype=I32, device=device), 3,
+                                         next_n=3, dcp_world_size=2, dcp_rank=1)
+    assert glob.tolist() == [8, 9, 10] and local.tolist() == [4, 4, 5]
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+@pytest.mark.parametrize("interleave", [1, 2, 4])
+@pytest.mark.parametrize("dtype", [I32, I64])
+def test_every_length_every_rank_equals_naive_count(device, world, interleave, dtype):
+    L = torch.arange(33, dtype=dtype, device=device)
+    every = dcp.local_seq_lens(L, None, world, interleave)
+    assert every.shape == (33, world) and every.dtype == dtype
+    for rank in range(world):
+        want = torch.tensor([naive_local_length(n, rank, world, interleave) for n in range(33)])
+        assert_equal(dcp.local_seq_lens(L, rank, world, interleave), want, rank=rank)
+        assert_equal(every[:, rank], want, rank=rank)
+    assert_equal(every.sum(dim=1), L)  # every position has exactly one owner
+
+
+@pytest.mark.parametrize("interleave", [1, 2, 4, 16])
+def test_world_one_is_identity(device, interleave):
+    L = torch.randint(0, 1 << 20, (100,), dtype=I64, device=device)
+    assert_equal(dcp.local_seq_lens(L, 0, 1, interleave), L)
+
+
+def test_shapes_strides_and_out(device):
+    base = torch.arange(24, dtype=I32, device=device).view(4, 6)
+    lens = base[:, ::2]  # non-contiguous 2-D input
+    got = dcp.local_seq_lens(lens, None, 4, 2)
+    assert got.shape == (4, 3, 4)
+    assert_equal(got, reference.local_seq_lens(lens.cpu(), None, 4, 2))
+    out = torch.full((4, 3), -7, dtype=I32, device=device)
+    res = dcp.local_seq_lens(lens, 3, 4, 2, out=out)
+    assert res is out
+    assert_equal(out, reference.local_seq_lens(lens.cpu(), 3, 4, 2))
+    strided_out = torch.full((20,), -7, dtype=I64, device=device)
+    one_d = torch.arange(10, dtype=I64, device=device)
+    dcp.local_seq_lens(one_d, 1, 2, out=strided_out[::2])
+    assert_equal(strided_out[::2], reference.local_seq_lens(one_d.cpu(), 1, 2, 1))
+    assert (strided_out[1::2] == -7).all()
+    assert dcp.local_seq_lens(torch.empty(0, dtype=I32, device=device), None, 3).shape == (0, 3)
+
+
+@given(world=st.integers(1, 8), interleave=st.sampled_from([1, 2, 4, 16]),
+       data=st.data(), n=st.integers(0, 300), big=st.booleans())
+def test_random_lengths_vs_reference(world, interleave, data, n, big):
+    rank = data.draw(st.one_of(st.none(), st.integers(0, world - 1)))
+    g = torch.Generator().manual_seed(n)
+    dtype = I64 if big else I32
+    L = torch.randint(0, (1 << 40) if big else (1 << 30), (n,), generator=g, dtype=I64).to(dtype)
+    assert_equal(dcp.local_seq_lens(L, rank, world, interleave),
+                 reference.local_seq_lens(L, rank, world, interleave))
+
+
+@pytest.mark.cuda
+@given(world=st.integers(1, 8), interleave=st.sampled_from([1, 2, 4, 16]), data=st.data())
+def test_random_lengths_cuda_equals_cpu(world, interleave, data):
+    rank = data.draw(st.one_of(st.none(), st.integers(0, world - 1)))
+    L = torch.randint(0, 1 << 30, (513,), dtype=I32)
+    cpu = dcp.local_seq_lens(L, rank, world, interleave)
+    assert_equal(dcp.local_seq_lens(L.cuda(), rank, world, interleave), cpu)
+
+
+# ---------------------------------------------------------------------------------------
+# Errors, torch.compile
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args, kw, error, text", [
+    ((torch.zeros(3), 0, 2), {}, TypeError, "seq_lens must be int32 or int64, got torch.float32"),
+    (([1, 2], 0, 2), {}, TypeError, "seq_lens must be a torch.Tensor"),
+    ((torch.zeros(3, dtype=I32), 2, 2), {}, ValueError, "rank must be < world_size (2), got 2"),
+    ((torch.zeros(3, dtype=I32), -1, 2), {}, ValueError, "rank must be >= 0"),
+    ((torch.zeros(3, dtype=I32), 0, 0), {}, ValueError, "world_size must be >= 1"),
+    ((torch.zeros(3, dtype=I32), 0, 2, 0), {}, ValueError, "interleave must be >= 1"),
+    ((torch.zeros(3, dtype=I32), None, 2), dict(out=torch.zeros(3, dtype=I32)), ValueError,
+     "out must have shape (3, 2)"),
+    ((torch.zeros(3, dtype=I32), 0, 2), dict(out=torch.zeros(3, dtype=I64)), TypeError,
+     "out must be int32"),
+])
+def test_bad_input_names_the_argument(args, kw, error, text):
+    with pytest.raises(error) as info:
+        dcp.local_seq_lens(*args, **kw)
+    assert text in str(info.value)
+
+
+def test_torch_compile_fullgraph(device):
+    def step(lens, out):
+        dcp.local_seq_lens(lens, None, 4, 2, out=out)
+        return out * 1
+
+    lens = torch.arange(40, dtype=I32, device=device)
+    out = torch.empty(40, 4, dtype=I32, device=device)
+    torch._dynamo.reset()
+    got = torch.compile(step, fullgraph=True)(lens, out)
+    assert_equal(got, reference.local_seq_lens(lens.cpu(), None, 4, 2))

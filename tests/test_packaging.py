@@ -1,0 +1,65 @@
+"""The built module: machine code for the promised archs, no libtorch/libcudart linkage."""
+import glob
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+import dsa_ext
+from dsa_ext import _C
+
+DEFAULT_ARCHS = {"90a-real", "100a-real"}
+
+
+def _tool(name: str) -> str:
+    """A binutils/CUDA tool from PATH or from the nvidia-cuda-cuobjdump wheel."""
+    found = shutil.which(name)
+    if found is None:
+        wheel_bins = glob.glob(os.path.join(sys.prefix, "lib", "python*", "site-packages",
+                                            "nvidia", "*", "bin", name))
+        found = wheel_bins[0] if wheel_bins else None
+    if found is None:
+        pytest.skip(f"{name} is not installed")
+    return found
+
+
+def _run(*cmd) -> str:
+    return subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+
+
+def test_no_torch_or_cuda_runtime_linkage():
+    needed = [line for line in _run(_tool("readelf"), "-d", _C.__file__).splitlines()
+              if "(NEEDED)" in line]
+    assert needed, "readelf found no NEEDED entries"
+    for lib in ("libtorch", "libc10", "libcudart", "libcuda.so", "libnvrtc"):
+        assert not any(lib in line for line in needed), f"{_C.__file__} links {lib}: {needed}"
+    undefined = _run(_tool("nm"), "-D", "--undefined-only", _C.__file__)
+    assert "_ZN3c10" not in undefined and "_ZN2at" not in undefined
+
+
+def test_sass_for_every_compiled_arch():
+    listing = _run(_tool("cuobjdump"), "--list-elf", _C.__file__)
+    cubins = {line.rsplit(".", 2)[-2] for line in listing.splitlines() if ".cubin" in line}
+    want = {"sm_" + arch.split("-")[0] for arch in dsa_ext.cuda_archs}
+    assert want <= cubins, f"module holds {sorted(cubins)}, compiled for {dsa_ext.cuda_archs}"
+    assert not any(".ptx" in line for line in listing.splitlines())
+
+
+@pytest.mark.skipif(set(dsa_ext.cuda_archs) != DEFAULT_ARCHS,
+                    reason="a developer build restricted CMAKE_CUDA_ARCHITECTURES")
+def test_default_build_targets_hopper_and_blackwell():
+    assert set(dsa_ext.cuda_archs) == DEFAULT_ARCHS
+
+
+def test_import_needs_no_gpu():
+    # A fresh interpreter that cannot see any GPU still imports and runs on the CPU.
+    code = ("import torch, dsa_ext; t = torch.zeros(1, 4, dtype=torch.int32);"
+            "print(dsa_ext.convert_req_index_to_global_index("
+            "torch.zeros(1, dtype=torch.int32), torch.ones(1, 1, dtype=torch.int32), t, 4)"
+            ".tolist())")
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    out = subprocess.run([sys.executable, "-c", code], env=env, check=True,
+                         capture_output=True, text=True).stdout
+    assert out.strip() == "[[4, 4, 4, 4]]"

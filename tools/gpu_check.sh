@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Everything a GPU machine should check, in one run:
+#   build (no network) -> self-check -> full test suite (GPU tests included) ->
+#   compute-sanitizer memcheck over the GPU tests -> benchmark.
+# Usage: tools/gpu_check.sh OUT_DIR
+#   OUT_DIR receives build.log, selfcheck.log, pytest.log, sanitizer.log, bench.txt and
+#   results.json (environment, step exit codes, benchmark numbers).
+# Needs: python3 with torch (CUDA), pybind11, scikit-build-core, cmake, ninja, nvcc,
+# compute-sanitizer. CuTeDSL cubins are exported on a build machine (the GPU machine has
+# no nvidia-cutlass-dsl): if cute_dsl_aot/out/ exists it is used via DSA_EXT_CUBIN_DIR.
+set -uo pipefail
+OUT="${1:?usage: tools/gpu_check.sh OUT_DIR}"
+mkdir -p "$OUT"
+OUT="$(cd "$OUT" && pwd)"
+cd "$(dirname "$0")/.."
+REPO="$(pwd)"
+
+export PYTHONUNBUFFERED=1
+# NVLink multicast stays off on shared hosts.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)"
+if [ -d "$REPO/cute_dsl_aot/out" ] && [ -z "${DSA_EXT_CUBIN_DIR:-}" ]; then
+  export DSA_EXT_CUBIN_DIR="$REPO/cute_dsl_aot/out"
+fi
+PY=python3
+declare -A STATUS
+
+step() {  # step NAME LOG CMD...: run CMD with output in OUT/LOG, record its exit code
+  local name="$1" log="$2"; shift 2
+  local t0=$SECONDS
+  echo "== $name" | tee -a "$OUT/$log"
+  "$@" >>"$OUT/$log" 2>&1
+  STATUS[$name]=$?
+  echo "== $name: exit ${STATUS[$name]} after $((SECONDS - t0)) s" | tee -a "$OUT/$log"
+}
+
+{
+  date -u +"%Y-%m-%dT%H:%M:%SZ"
+  git -C "$REPO" rev-parse HEAD 2>/dev/null || echo "commit unknown"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
+  $PY -c 'import sys, torch; print(sys.version.split()[0], torch.__version__, torch.version.cuda)'
+  nvcc --version | tail -2
+} >"$OUT/build.log" 2>&1
+
+step build build.log $PY -m pip install --no-build-isolation --no-deps -v "$REPO"
+# Run from outside the source tree so the installed wheel is what gets imported.
+cd /tmp
+step selfcheck selfcheck.log $PY -m dsa_ext
+step pytest pytest.log $PY -m pytest -q -ra -p no:cacheprovider --rootdir "$REPO" \
+  -c "$REPO/pyproject.toml" "$REPO/tests"
+step sanitizer sanitizer.log env DSA_EXT_HYPOTHESIS_PROFILE=sanitizer \
+  compute-sanitizer --tool memcheck --error-exitcode 99 --target-processes all \
+  $PY -m pytest -q -m cuda -p no:cacheprovider --rootdir "$REPO" -c "$REPO/pyproject.toml" \
+  "$REPO/tests"
+step bench bench.txt $PY -m dsa_ext.bench --json "$OUT/bench.json"
+
+$PY - "$OUT" <<EOF
+import json, os, subprocess, sys
+out = sys.argv[1]
+status = {"build": ${STATUS[build]}, "selfcheck": ${STATUS[selfcheck]},
+          "pytest": ${STATUS[pytest]}, "sanitizer": ${STATUS[sanitizer]},
+          "bench": ${STATUS[bench]}}
+bench = {}
+path = os.path.join(out, "bench.json")
+if os.path.exists(path):
+    bench = json.load(open(path))
+    os.remove(path)
+head = open(os.path.join(out, "build.log")).read().splitlines()[:4]
+json.dump({"environment": head, "status": status, "bench": bench},
+          open(os.path.join(out, "results.json"), "w"), indent=1)
+print("summary:", status)
+EOF
+tail -n 25 "$OUT/bench.txt" 2>/dev/null
+for s in build selfcheck pytest sanitizer bench; do
+  [ "${STATUS[$s]}" = 0 ] || exit 1
+done
