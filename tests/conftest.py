@@ -39,3 +39,22 @@ def assert_equal(got: torch.Tensor, want: torch.Tensor, **ctx):
         first = tuple((got != want).nonzero()[0].tolist())
         raise AssertionError(
             f"mismatch at {first}: got {got[first].item()} want {want[first].item()} {ctx}")
+
+
+def capture_graph(step):
+    """Run `step` eagerly and on a side stream, then capture it in a CUDA graph, all with
+    host syncs turned into errors."""
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        step()  # eager: no host sync allowed
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            step()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    return graph

@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 
 import dsa_ext
 from dsa_ext import dcp, reference
-from dcp_cases import (capture_graph as _capture, fake_all_gather, make_attention_inputs,
+from conftest import capture_graph as _capture
+from dcp_cases import (fake_all_gather, make_attention_inputs,
                         shard_selection, sparse_attention)
 
 F32, BF16 = torch.float32, torch.bfloat16

@@ -7,8 +7,8 @@ from hypothesis import strategies as st
 
 import dsa_ext
 from dsa_ext import dcp, reference
-from conftest import assert_equal, requires_cuda
-from dcp_cases import capture_graph as _capture, fake_all_gather, make_topk_case
+from conftest import assert_equal, capture_graph as _capture, requires_cuda
+from dcp_cases import fake_all_gather, make_topk_case
 
 I32, I64, F32 = torch.int32, torch.int64, torch.float32
 NAN, INF = float("nan"), float("inf")

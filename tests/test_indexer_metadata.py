@@ -10,7 +10,7 @@ from dsa_ext import indexer, reference
 from dsa_ext.indexer import (IndexerMetadataBuilder, decode_context_lens, decode_path,
                              decode_row_ends, paged_mqa_logits, plan_prefill_chunks,
                              prefill_chunk_bounds)
-from conftest import assert_equal
+from conftest import assert_equal, capture_graph
 
 I32 = torch.int32
 
@@ -458,19 +458,7 @@ def test_decode_build_graph_replay_no_sync(uniform, capability):
     def step():
         out["md"] = b.build_decode(S, qsl, table, B, Td, uniform=uniform)
 
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        step()  # eager: no host sync allowed
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            step()
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            step()
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
+    graph = capture_graph(step)
     for seed in range(3):
         g = torch.Generator().manual_seed(300 + seed)
         dlen = torch.randint(0, next_n + 1, (B,), generator=g, dtype=I32)

@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 import dsa_ext
 from dsa_ext import reference
-from conftest import assert_equal, requires_cuda
+from conftest import assert_equal, capture_graph, requires_cuda
 
 I32 = torch.int32
 
@@ -262,19 +262,7 @@ def test_cuda_graph_replay_with_new_inputs_and_no_sync():
                                                   dcp_rank=0, compact=True, out=out,
                                                   valid_counts=counts)
 
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        step()  # eager: no host sync allowed
-        graph = torch.cuda.CUDAGraph()
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            step()
-        torch.cuda.current_stream().wait_stream(stream)
-        with torch.cuda.graph(graph):
-            step()
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
+    graph = capture_graph(step)
     for seed in range(3):
         gen = torch.Generator().manual_seed(100 + seed)
         tok.copy_(torch.randint(-1, 64 * 64 * 2, (T, K), generator=gen, dtype=I32))
