@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 import dsa_ext
 from dsa_ext import reference
+from conftest import capture_graph
 
 HAS_CUDA = torch.cuda.is_available()
 cuda_only = [pytest.mark.cuda, pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")]
@@ -67,13 +68,17 @@ def run(cands: torch.Tensor, k: int, device: str, **kw) -> torch.Tensor:
     return out.cpu()
 
 
-def check(cands: torch.Tensor, k: int, device: str) -> None:
-    want = reference.stable_topk_from_candidates(cands, k)
-    got = run(cands, k, device)
+def check_equal(got: torch.Tensor, want: torch.Tensor, **ctx) -> None:
+    got = got.cpu()
     if not torch.equal(got, want):
         bad = (got != want).nonzero()[0].tolist()
         raise AssertionError(f"first mismatch at {bad}: got {got[bad[0], bad[1]]}, want "
-                             f"{want[bad[0], bad[1]]}; shape={tuple(cands.shape)}, {k=}")
+                             f"{want[bad[0], bad[1]]}; {ctx}")
+
+
+def check(cands: torch.Tensor, k: int, device: str) -> None:
+    check_equal(run(cands, k, device), reference.stable_topk_from_candidates(cands, k),
+                shape=tuple(cands.shape), k=k, strides=cands.stride())
 
 
 # ---------------------------------------------------------------------------------------
@@ -321,25 +326,22 @@ def test_cuda_no_host_sync(W, K, k):
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
-def test_cuda_graph_capture_replay():
-    rows, W, K, k = 64, 4, 2048, 2048
+@pytest.mark.parametrize("W,K,k", [(4, 2048, 2048), (8, 2048, 2048), (4, 6000, 3000),
+                                   (2, 4096, 8192)])
+def test_cuda_graph_capture_replay(W, K, k):
+    """Eager, side stream and capture with host syncs as errors, then replays on new data
+    (the register, streaming and large-sort variants)."""
+    rows = 64
     cands = torch.stack([make_keys("random", rows, K, seed=50 + w) for w in range(W)]).cuda()
     out = torch.empty(rows, k, dtype=torch.int32, device="cuda")
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        dsa_ext.stable_topk_from_candidates(cands, k, out=out)  # warm-up outside capture
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        dsa_ext.stable_topk_from_candidates(cands, k, out=out)
+    graph = capture_graph(lambda: dsa_ext.stable_topk_from_candidates(cands, k, out=out))
     for seed, kind in ((60, "ties"), (70, "random"), (80, "shortfall")):
         new = torch.stack([make_keys(kind, rows, K, seed=seed + w) for w in range(W)])
         cands.copy_(new.cuda())
         out.fill_(7)
         graph.replay()
         torch.cuda.synchronize()
-        assert torch.equal(out.cpu(), reference.stable_topk_from_candidates(new, k))
+        check_equal(out, reference.stable_topk_from_candidates(new, k))
 
 
 @pytest.mark.cuda
