@@ -3,8 +3,8 @@
 #   build (no network) -> self-check -> full test suite (GPU tests included) ->
 #   compute-sanitizer memcheck over the GPU tests -> benchmark.
 # Usage: tools/gpu_check.sh OUT_DIR
-#   OUT_DIR receives build.log, selfcheck.log, pytest.log, sanitizer.log, bench.txt and
-#   results.json (environment, step exit codes, benchmark numbers).
+#   OUT_DIR receives build.log, selfcheck.log, pytest.log, sanitizer.log (memcheck and
+#   racecheck), bench.txt and results.json (environment, step exit codes, bench numbers).
 # Needs: python3 with torch (CUDA), pybind11, scikit-build-core, cmake, ninja, nvcc,
 # compute-sanitizer. CuTeDSL cubins are exported on a build machine (the GPU machine has
 # no nvidia-cutlass-dsl): if cute_dsl_aot/out/ exists it is used via DSA_EXT_CUBIN_DIR.
@@ -23,6 +23,9 @@ if [ -d "$REPO/cute_dsl_aot/out" ] && [ -z "${DSA_EXT_CUBIN_DIR:-}" ]; then
   export DSA_EXT_CUBIN_DIR="$REPO/cute_dsl_aot/out"
 fi
 PY=python3
+# Spread the test suite over workers when pytest-xdist is there.
+XDIST=""
+$PY -c "import xdist" 2>/dev/null && XDIST="-n 4"
 declare -A STATUS
 
 step() {  # step NAME LOG CMD...: run CMD with output in OUT/LOG, record its exit code
@@ -46,20 +49,23 @@ step build build.log $PY -m pip install --no-build-isolation --no-deps -v "$REPO
 # Run from outside the source tree so the installed wheel is what gets imported.
 cd /tmp
 step selfcheck selfcheck.log $PY -m dsa_ext
-step pytest pytest.log $PY -m pytest -q -ra -p no:cacheprovider --rootdir "$REPO" \
-  -c "$REPO/pyproject.toml" "$REPO/tests"
-step sanitizer sanitizer.log env DSA_EXT_HYPOTHESIS_PROFILE=sanitizer \
+PYTEST=($PY -m pytest -q -ra -p no:cacheprovider --rootdir "$REPO" -c "$REPO/pyproject.toml")
+step pytest pytest.log timeout 300 "${PYTEST[@]}" $XDIST "$REPO/tests"
+step sanitizer sanitizer.log env DSA_EXT_HYPOTHESIS_PROFILE=sanitizer timeout 240 \
   compute-sanitizer --tool memcheck --error-exitcode 99 --target-processes all \
-  $PY -m pytest -q -m cuda -p no:cacheprovider --rootdir "$REPO" -c "$REPO/pyproject.toml" \
-  "$REPO/tests"
-step bench bench.txt $PY -m dsa_ext.bench --json "$OUT/bench.json"
+  "${PYTEST[@]}" -m cuda "$REPO/tests"
+# The top-K sort orders some stages with warp barriers only: look for shared-memory races.
+step racecheck sanitizer.log env DSA_EXT_HYPOTHESIS_PROFILE=sanitizer timeout 120 \
+  compute-sanitizer --tool racecheck --error-exitcode 99 \
+  "${PYTEST[@]}" -m cuda -k "matches_reference and random" "$REPO/tests/test_stable_topk.py"
+step bench bench.txt timeout 180 $PY -m dsa_ext.bench --json "$OUT/bench.json"
 
 $PY - "$OUT" <<EOF
 import json, os, subprocess, sys
 out = sys.argv[1]
 status = {"build": ${STATUS[build]}, "selfcheck": ${STATUS[selfcheck]},
           "pytest": ${STATUS[pytest]}, "sanitizer": ${STATUS[sanitizer]},
-          "bench": ${STATUS[bench]}}
+          "racecheck": ${STATUS[racecheck]}, "bench": ${STATUS[bench]}}
 bench = {}
 path = os.path.join(out, "bench.json")
 if os.path.exists(path):
@@ -71,6 +77,6 @@ json.dump({"environment": head, "status": status, "bench": bench},
 print("summary:", status)
 EOF
 tail -n 25 "$OUT/bench.txt" 2>/dev/null
-for s in build selfcheck pytest sanitizer bench; do
+for s in build selfcheck pytest sanitizer racecheck bench; do
   [ "${STATUS[$s]}" = 0 ] || exit 1
 done
