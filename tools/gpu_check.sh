@@ -52,8 +52,9 @@ step selfcheck selfcheck.log $PY -m dsa_ext
 PYTEST=($PY -m pytest -q -ra -p no:cacheprovider --rootdir "$REPO" -c "$REPO/pyproject.toml")
 step pytest pytest.log timeout 300 "${PYTEST[@]}" $XDIST "$REPO/tests"
 step sanitizer sanitizer.log env DSA_EXT_HYPOTHESIS_PROFILE=sanitizer timeout 240 \
-  compute-sanitizer --tool memcheck --error-exitcode 99 --target-processes all \
+  compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 99 --target-processes all \
   "${PYTEST[@]}" -m cuda "$REPO/tests"
+# CUDA API errors are left to the ops' own checks: NCCL probes kernels of other archs.
 # The top-K sort orders some stages with warp barriers only: look for shared-memory races.
 step racecheck sanitizer.log env DSA_EXT_HYPOTHESIS_PROFILE=sanitizer timeout 120 \
   compute-sanitizer --tool racecheck --error-exitcode 99 \

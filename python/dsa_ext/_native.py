@@ -74,6 +74,15 @@ def place(t: torch.Tensor) -> tuple[int, int]:
     return index, _raw_stream(index)
 
 
+def resolve_device(device) -> torch.device:
+    """A torch.device with its index filled in ("cuda" -> the current CUDA device), so it
+    compares equal to the device of the tensors allocated on it."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 def define(schema: str, impl: Callable, fake: Callable) -> Callable:
     """Register ``torch.ops.dsa_ext.<name>`` for CPU and CUDA with a fake, return impl."""
     name = schema.split("(", 1)[0]

@@ -217,7 +217,7 @@ class C128AMetadataBuilder:
         self.compress_ratio = compress_ratio
         self.alignment = alignment
         self.max_num_tokens = max_num_tokens
-        self.device = torch.device(device)
+        self.device = _native.resolve_device(device)
         shape = (max_num_tokens, self.capacity)
         self.decode_buffer = torch.full(shape, -1, dtype=torch.int32, device=self.device)
         self.decode_lens_buffer = torch.zeros(max_num_tokens, dtype=torch.int32,

@@ -463,7 +463,7 @@ class IndexerMetadataBuilder:
                  capability: Optional[Sequence[int]] = None,
                  materialize_block_table: bool = False, deep_gemm_schedule: bool = False,
                  max_kv_workspace: int = 1 << 18, max_logits_bytes: int = 1 << 30):
-        self.device = torch.device(device)
+        self.device = _native.resolve_device(device)
         _checks.integer("next_n", next_n, 1)
         _checks.integer("block_size", block_size, 1)
         _checks.integer("max_num_reqs", max_num_reqs, 1)
