@@ -27,6 +27,17 @@ struct Place {
   }
 };
 
+//! Runs `cpu(args)` for a CPU place, else `cuda(args, place)`: every entry point's last step.
+template <typename Args>
+void run_on(const Place& place, const Args& args, void (*cpu)(const Args&),
+            void (*cuda)(const Args&, const Place&)) {
+  if (place.on_cuda()) {
+    cuda(args, place);
+  } else {
+    cpu(args);
+  }
+}
+
 inline void throw_on_cuda_error(cudaError_t err, const char* what) {
   if (err != cudaSuccess) {
     throw std::runtime_error(std::string("dsa_ext: ") + what + " failed: " +

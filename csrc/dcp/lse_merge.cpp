@@ -33,11 +33,7 @@ static void run(const Desc3& partial, const Desc3& lses, int64_t rank, bool base
   a.global_lse = Strided2D<float>(global_lse);
   a.rank = static_cast<int32_t>(rank);
   a.base2 = base2;
-  if (place.on_cuda()) {
-    correct_attn_cuda(a, place);
-  } else {
-    correct_attn_cpu(a);
-  }
+  run_on(place, a, correct_attn_cpu<T>, correct_attn_cuda<T>);
 }
 
 void correct_attention_output(const Desc3& partial, const Desc3& lses, int64_t rank,

@@ -23,12 +23,7 @@ void pack_dcp_topk_candidates(const Desc2& logits, const Desc2& topk_indices,
   a.out = Strided2D<uint64_t>(out);
   a.dcp = DcpLayout(static_cast<int32_t>(world), static_cast<int32_t>(interleave));
   a.rank = static_cast<int32_t>(rank);
-  const Place place{device, stream};
-  if (place.on_cuda()) {
-    pack_candidates_cuda(a, place);
-  } else {
-    pack_candidates_cpu(a);
-  }
+  run_on(Place{device, stream}, a, pack_candidates_cpu, pack_candidates_cuda);
 }
 
 }  // namespace dsa

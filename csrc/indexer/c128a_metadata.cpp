@@ -30,12 +30,7 @@ void build_c128a_topk_metadata(const Desc1& positions, const Desc1& token_to_req
   a.num_decode = num_decode;
   a.width = width;
   a.by_block_size = FastDiv(static_cast<uint32_t>(block_size));
-  const Place place{device, stream};
-  if (place.on_cuda()) {
-    c128a_metadata_cuda(a, place);
-  } else {
-    c128a_metadata_cpu(a);
-  }
+  run_on(Place{device, stream}, a, c128a_metadata_cpu, c128a_metadata_cuda);
 }
 
 }  // namespace dsa

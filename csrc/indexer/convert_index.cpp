@@ -48,12 +48,7 @@ void convert_req_index_to_global_index(const Desc1& req_id, const Desc2& block_t
   a.dcp = DcpLayout(static_cast<int32_t>(world), static_cast<int32_t>(interleave));
   a.rank = static_cast<int32_t>(rank);
   a.compact = compact;
-  const Place place{device, stream};
-  if (place.on_cuda()) {
-    convert_index_cuda(a, place);
-  } else {
-    convert_index_cpu(a);
-  }
+  run_on(Place{device, stream}, a, convert_index_cpu, convert_index_cuda);
 }
 
 }  // namespace dsa

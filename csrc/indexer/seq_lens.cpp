@@ -35,12 +35,7 @@ void dcp_local_seq_lens(const Desc1& lens, const Desc2& out, bool is_int64, int6
   a.rank = rank;
   a.world = world;
   a.interleave = interleave;
-  const Place place{device, stream};
-  if (place.on_cuda()) {
-    local_lens_cuda(a, place);
-  } else {
-    local_lens_cpu(a);
-  }
+  run_on(Place{device, stream}, a, local_lens_cpu, local_lens_cuda);
 }
 
 void expand_decode_seq_lens(const Desc1& seq_lens, const Desc1& query_start_loc,
@@ -60,12 +55,7 @@ void expand_decode_seq_lens(const Desc1& seq_lens, const Desc1& query_start_loc,
   a.global_lens = Strided1D<int32_t>(global_lens);
   a.local_lens = Strided2D<int32_t>(local_lens);
   a.row_map = Strided1D<int32_t>(row_map);
-  const Place place{device, stream};
-  if (place.on_cuda()) {
-    decode_lens_cuda(a, place);
-  } else {
-    decode_lens_cpu(a);
-  }
+  run_on(Place{device, stream}, a, decode_lens_cpu, decode_lens_cuda);
 }
 
 void prefill_chunk_bounds(const Desc1& seq_lens, const Desc1& query_start_loc,
@@ -86,12 +76,7 @@ void prefill_chunk_bounds(const Desc1& seq_lens, const Desc1& query_start_loc,
   a.ks = Strided1D<int32_t>(ks);
   a.ke = Strided1D<int32_t>(ke);
   a.token_to_seq = Strided1D<int32_t>(token_to_seq);
-  const Place place{device, stream};
-  if (place.on_cuda()) {
-    prefill_bounds_cuda(a, place);
-  } else {
-    prefill_bounds_cpu(a);
-  }
+  run_on(Place{device, stream}, a, prefill_bounds_cpu, prefill_bounds_cuda);
 }
 
 }  // namespace dsa
