@@ -53,36 +53,43 @@ struct FastDiv {
 // Ownership of positions under decode context parallelism
 // ---------------------------------------------------------------------------------------
 
+//! Where a global position lives: its owner rank and its position in that rank's shard.
+struct DcpPosition {
+  int32_t owner, local;
+};
+
 /*!
  * \brief The divisors of one DCP layout, prepared once on the host.
  * \param world      W >= 1
- * \param interleave I >= 1
+ * \param interleave I >= 1, with W * I < 2^31
  */
 struct DcpLayout {
   int32_t world = 1, interleave = 1;
-  FastDiv by_interleave, by_world, by_group;  // group = W * I positions
+  FastDiv by_interleave, by_world;
 
   DcpLayout() = default;
   DcpLayout(int32_t w, int32_t i)
       : world(w), interleave(i), by_interleave(static_cast<uint32_t>(i)),
-        by_world(static_cast<uint32_t>(w)),
-        by_group(static_cast<uint32_t>(static_cast<int64_t>(w) * i)) {}
+        by_world(static_cast<uint32_t>(w)) {}
 
-  //! Rank that owns position p: (p / I) % W.
-  DSA_HD int32_t owner(int32_t p) const {
-    return static_cast<int32_t>(by_world.mod(by_interleave.div(static_cast<uint32_t>(p))));
-  }
-  //! Position of p inside its owner's shard: (p / (W*I)) * I + p % I.
-  DSA_HD int32_t local(int32_t p) const {
-    uint32_t up = static_cast<uint32_t>(p);
-    return static_cast<int32_t>(by_group.div(up) * static_cast<uint32_t>(interleave) +
-                                by_interleave.mod(up));
+  /*!
+   * \brief owner = (p / I) % W and local = (p / (W*I)) * I + p % I, with two divisions:
+   *        p / (W*I) is (p / I) / W for non-negative p.
+   */
+  DSA_HD DcpPosition locate(int32_t p) const {
+    const uint32_t up = static_cast<uint32_t>(p);
+    const uint32_t group = by_interleave.div(up);
+    const uint32_t within = up - group * static_cast<uint32_t>(interleave);
+    const uint32_t cycle = by_world.div(group);
+    return {static_cast<int32_t>(group - cycle * static_cast<uint32_t>(world)),
+            static_cast<int32_t>(cycle * static_cast<uint32_t>(interleave) + within)};
   }
   //! Global position of local position q on rank r: (q / I) * (W*I) + r*I + q % I.
   DSA_HD int64_t global(int32_t q, int32_t rank) const {
-    uint32_t uq = static_cast<uint32_t>(q);
-    return static_cast<int64_t>(by_interleave.div(uq)) * world * interleave +
-           static_cast<int64_t>(rank) * interleave + by_interleave.mod(uq);
+    const uint32_t uq = static_cast<uint32_t>(q);
+    const uint32_t group = by_interleave.div(uq);
+    return static_cast<int64_t>(group) * world * interleave +
+           static_cast<int64_t>(rank) * interleave + (uq - group * interleave);
   }
 };
 

@@ -71,14 +71,14 @@ DSA_HD ConvertRow convert_row(const ConvertIndexArgs& a, int64_t t) {
 template <bool kDenseTable = false>
 DSA_HD int32_t convert_token(const ConvertIndexArgs& a, const ConvertRow& row, int32_t tok) {
   if (tok < 0) return -1;
-  const int32_t q = a.dcp.world == 1 ? tok : a.dcp.local(tok);
+  DcpPosition pos{0, tok};
+  if (a.dcp.world != 1) pos = a.dcp.locate(tok);
   int64_t slot;
   if (row.workspace_base >= 0) {
-    const int32_t owner = a.dcp.world == 1 ? 0 : a.dcp.owner(tok);
-    slot = owner * a.workspace_rank_stride + row.workspace_base + q;
+    slot = pos.owner * a.workspace_rank_stride + row.workspace_base + pos.local;
   } else {
-    if (row.table_row == nullptr) return -1;
-    if (a.dcp.world != 1 && a.dcp.owner(tok) != a.rank) return -1;
+    if (row.table_row == nullptr || pos.owner != a.rank) return -1;
+    const int32_t q = pos.local;
     const uint32_t blk = a.by_block_size.div(static_cast<uint32_t>(q));
     if (blk >= static_cast<uint64_t>(a.block_table.cols)) return -1;
     const int32_t base = row.table_row[kDenseTable ? blk : blk * a.block_table.col_stride];
