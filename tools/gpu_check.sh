@@ -39,7 +39,8 @@ step() {  # step NAME LOG CMD...: run CMD with output in OUT/LOG, record its exi
 
 {
   date -u +"%Y-%m-%dT%H:%M:%SZ"
-  git -C "$REPO" rev-parse HEAD 2>/dev/null || echo "commit unknown"
+  # The device copy of the tree may carry no usable git metadata: let the caller say.
+  echo "commit ${DSA_EXT_COMMIT:-$(git -C "$REPO" rev-parse --verify -q HEAD || echo unknown)}"
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
   $PY -c 'import sys, torch; print(sys.version.split()[0], torch.__version__, torch.version.cuda)'
   nvcc --version | tail -2
