@@ -6,32 +6,22 @@
 // slot its rank inside a 32-column run and one shared-memory scan over the per-warp counts
 // places the runs, so a warp's valid slots land contiguously in ascending column order
 // (deterministic, unlike the atomics-based reference kernel) and the stores coalesce.
-//
-// Every token gathers one block-table entry. Random gathers from global memory cost one
-// L1 wavefront (and often an L2 sector) per lane; when the table row is no larger than a
-// row of tokens, the block stages the row in shared memory first (one coalesced read)
-// and gathers from there.
 #include "convert_index.h"
 
 namespace dsa {
 namespace {
 
 constexpr int kItems = 8;  // columns per thread per tile
-constexpr int64_t kMaxStagedBlocks = 4096;  // 16 KB of shared memory per block
 
 // kDense: token_indices, out and block_table rows are contiguous (column stride 1), so
 // column offsets need no multiply and loads take immediate offsets.
-// kStaged: each decode row's block-table row is copied to shared memory (dynamic size
-// block_table.cols entries) before its tokens gather from it.
-template <int kThreads, bool kCompact, bool kDense, bool kStaged>
-__global__ void __launch_bounds__(kThreads, 2048 / kThreads)
-    convert_index_kernel(const ConvertIndexArgs a) {
+template <int kThreads, bool kCompact, bool kDense>
+__global__ void __launch_bounds__(kThreads, 2048 / kThreads) convert_index_kernel(const ConvertIndexArgs a) {
   constexpr int kWarps = kThreads / 32;
   constexpr int kRuns = kItems * kWarps;  // 32-column runs per tile, in column order
   constexpr int64_t kTile = static_cast<int64_t>(kThreads) * kItems;
   static_assert(kRuns <= 2 * 32, "one warp scans the run counts, two per lane");
   __shared__ int run_offset[kRuns + 1];  // exclusive prefix of valid slots per run
-  extern __shared__ int32_t staged_table[];
 
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const unsigned lanes_below = (1u << lane) - 1u;
@@ -44,7 +34,6 @@ __global__ void __launch_bounds__(kThreads, 2048 / kThreads)
     const int32_t* in = a.token_indices.row(t);
     int32_t* out = a.out.row(t);
     int64_t row_count = 0;
-    ConvertRow row = convert_row(a, t);
 
     for (int64_t tile = 0; tile < K; tile += kTile) {
       int32_t slot[kItems];
@@ -55,19 +44,9 @@ __global__ void __launch_bounds__(kThreads, 2048 / kThreads)
         // block-table row that every token of the row gathers from.
         slot[j] = c < K ? __ldcs(in + c * in_stride) : -1;
       }
-      if constexpr (kStaged) {
-        if (tile == 0 && row.table_row != nullptr) {  // uniform over the block
-          for (int64_t b = threadIdx.x; b < a.block_table.cols; b += kThreads) {
-            staged_table[b] = row.table_row[b * a.block_table.col_stride];
-          }
-          __syncthreads();
-          row.table_row = staged_table;
-        }
-      }
+      const ConvertRow row = convert_row(a, t);
 #pragma unroll
-      for (int j = 0; j < kItems; ++j) {
-        slot[j] = convert_token<kDense || kStaged>(a, row, slot[j]);
-      }
+      for (int j = 0; j < kItems; ++j) slot[j] = convert_token<kDense>(a, row, slot[j]);
 
       unsigned valid[kItems];
 #pragma unroll
@@ -121,37 +100,19 @@ __global__ void __launch_bounds__(kThreads, 2048 / kThreads)
     if (threadIdx.x == 0 && a.valid_counts.present()) {
       a.valid_counts[t] = static_cast<int32_t>(row_count);
     }
-    if constexpr (kStaged) __syncthreads();  // the next row restages the table
-  }
-}
-
-template <int kThreads, bool kCompact, bool kDense>
-void launch_staged_or_not(const ConvertIndexArgs& a, bool staged, dim3 grid,
-                          cudaStream_t stream) {
-  if (staged) {
-    const size_t smem = static_cast<size_t>(a.block_table.cols) * sizeof(int32_t);
-    convert_index_kernel<kThreads, kCompact, kDense, true><<<grid, kThreads, smem, stream>>>(a);
-  } else {
-    convert_index_kernel<kThreads, kCompact, kDense, false><<<grid, kThreads, 0, stream>>>(a);
   }
 }
 
 template <int kThreads>
 void launch_with_threads(const ConvertIndexArgs& a, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(
-      a.token_indices.rows < kMaxGridX ? a.token_indices.rows : kMaxGridX));
+  const int64_t grid = a.token_indices.rows < kMaxGridX ? a.token_indices.rows : kMaxGridX;
   const bool dense = a.token_indices.col_stride == 1 && a.out.col_stride == 1 &&
                      a.block_table.col_stride == 1;
-  // Staging reads the whole table row: worth it when that is no more than the row's tokens.
-  const bool staged = a.block_table.cols <= kMaxStagedBlocks &&
-                      a.block_table.cols <= a.token_indices.cols;
-  if (a.compact) {
-    dense ? launch_staged_or_not<kThreads, true, true>(a, staged, grid, stream)
-          : launch_staged_or_not<kThreads, true, false>(a, staged, grid, stream);
-  } else {
-    dense ? launch_staged_or_not<kThreads, false, true>(a, staged, grid, stream)
-          : launch_staged_or_not<kThreads, false, false>(a, staged, grid, stream);
-  }
+  auto kernel = a.compact ? (dense ? convert_index_kernel<kThreads, true, true>
+                                   : convert_index_kernel<kThreads, true, false>)
+                          : (dense ? convert_index_kernel<kThreads, false, true>
+                                   : convert_index_kernel<kThreads, false, false>);
+  kernel<<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(a);
 }
 
 }  // namespace
