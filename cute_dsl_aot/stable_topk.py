@@ -7,19 +7,25 @@ Each candidate is one int64 whose bits are the unsigned key
 so "score descending, then gid ascending, invalid last" is "key descending as an unsigned
 64-bit integer". Per row (one CTA per row), with ``sel = min(k, N)``:
 
-1. Radix select, 8 passes of 8-bit digits from the top: a shared-memory histogram of the
-   digit of every key that matches the prefix found so far; one warp scans the 256 bins
-   from the top and picks the digit holding the ``need``-th largest key. It stops early
-   once the chosen bin holds exactly the keys still needed. Result: a masked prefix P
-   (mask M) such that the top ``sel`` keys are all keys with ``key & M > P`` plus ``need``
-   keys with ``key & M == P`` (when all 64 bits were used those are equal keys, so which
-   copies are taken does not matter; after an early stop all of them are taken).
-2. Gather those ``sel`` keys into shared memory (warp-aggregated atomics; the order is
-   arbitrary, the set is exact), pad to ``n_sort`` (a power of two) with key 0.
+1. Radix select, up to 8 passes of 8-bit digits from the top: a shared-memory histogram
+   of the digit of every key that matches the prefix found so far; one warp scans the 256
+   bins from the top and picks the digit holding the ``need``-th largest key. Result: a
+   masked prefix P (mask M) such that the top ``sel`` keys are all keys with
+   ``key & M > P`` plus ``need`` keys with ``key & M == P``. The select stops early, after
+   any pass, once the candidate set ``C = {key & M >= P}`` (the keys above the chosen bin
+   plus the whole bin, ``n_cand = sel - need + bucket`` keys) holds at most
+   ``stop_limit = min(max_sel, max(2 * n_sort, EARLY_STOP_MIN))`` keys: every key outside
+   C is smaller than every key in C, so the top ``sel`` keys of C are the answer (an exact
+   hit, ``bucket == need``, is the case ``n_cand == sel``). If it never stops, all 64 bits
+   were used: the ``need`` keys taken from the bin are equal, so which copies are taken
+   does not matter (``n_cand == sel``).
+2. Gather the ``n_cand`` keys into shared memory (warp-aggregated atomics; the order is
+   arbitrary, the set is exact), pad to ``n_sort_dyn = max(2, next_pow2(n_cand))`` with
+   key 0.
 3. Bitonic sort descending in shared memory (keys stored with the top bit flipped so that
    a signed compare is the unsigned order).
 4. Write ``out[row, i]`` for ``i < k``: decoded gid of the i-th key, -1 for key 0 and for
-   ``i >= sel``.
+   ``i >= sel`` (sorted keys ``sel .. n_cand - 1`` are not written).
 
 Candidates are read as a 3-D tensor ``[W, rows, K]`` with arbitrary strides (row r's
 candidates are ``cand[w, r, :]`` for every w); a 2-D input is ``W = 1``. The output is a
@@ -43,6 +49,7 @@ from cutlass import Int32, Int64
 RADIX_BITS = 8
 NUM_BINS = 1 << RADIX_BITS
 NUM_PASSES = 64 // RADIX_BITS
+EARLY_STOP_MIN = 256  # the select may stop with up to this many candidates (see below)
 CTL_WORDS = 8  # shared control words: digit, above, bucket count, gt counter, eq counter
 SIGN_BIT = -(1 << 63)  # int64 with only the top bit set
 
@@ -81,7 +88,8 @@ def _gather_one(key: Int64, in_row: Int32, mask: Int64, prefix: Int64, need: Int
                 s_ctl: cute.Tensor):
     """Step 2 for one key per thread (all 32 lanes of each warp call it together): keys
     with ``key & mask > prefix`` (unsigned) go to ``s_keys[0, num_above)`` and the first
-    ``need`` keys with ``key & mask == prefix`` to ``s_keys[num_above, sel)``, stored with
+    ``need`` keys with ``key & mask == prefix`` to ``s_keys[num_above, num_above + need)``
+    (the caller passes the number of bin keys to take), stored with
     the top bit flipped. Slots come from warp-aggregated shared atomics (s_ctl[3], [4])."""
     masked = key & mask
     is_gt = Int32(0)
@@ -163,7 +171,12 @@ def make_stable_topk(num_threads: int, max_sel: int, items_per_thread: int = 0):
         prefix = Int64(0)
         mask = Int64(0)
         need = sel
+        take = sel  # keys taken from the chosen bin (set when the select stops)
         active = Int32(1)
+        # Candidate-set bound for the early stop: the sort buffer, and at most twice the
+        # exact sort size (n_sort = next_pow2(sel)) or EARLY_STOP_MIN keys.
+        stop_limit = cutlass.min(cutlass.max(n_sort * 2, Int32(EARLY_STOP_MIN)),
+                                 Int32(max_sel))
         for p in cutlass.range_constexpr(NUM_PASSES):
             shift = 64 - RADIX_BITS * (p + 1)
             if active != 0:
@@ -223,17 +236,29 @@ def make_stable_topk(num_threads: int, max_sel: int, items_per_thread: int = 0):
                 prefix = prefix | (Int64(digit_sel) << shift)
                 mask = Int64(_as_int64(((1 << (RADIX_BITS * (p + 1))) - 1) << shift))
                 need = need - above
-                if bucket == need:
+                # Early stop once every key with key & mask >= prefix (the ``num_above``
+                # keys above the bin plus the whole bin) fits the sort: the top ``sel``
+                # of those are the answer. An exact hit (bucket == need) always fits.
+                if (sel - need) + bucket <= stop_limit:
+                    take = bucket
                     active = Int32(0)
+        if active != 0:
+            take = need  # all 64 bits used: the bin's keys are equal, any ``need`` do
 
         # ---- 2. gather the selected keys --------------------------------------------
         num_above = sel - need
+        n_cand = num_above + take  # sel <= n_cand <= max_sel
+        # Sort size: max(2, next_pow2(n_cand)) <= max_sel (uniform across the CTA).
+        n_sort_dyn = Int32(2)
+        for lg in cutlass.range_constexpr(1, log2_max_sel):
+            if n_cand > (1 << lg):
+                n_sort_dyn = Int32(1 << (lg + 1))
         if cutlass.const_expr(ITEMS > 0):
             for jr in cutlass.range_constexpr(ITEMS):
                 rin_row = Int32(0)
                 if jr * NT + tidx < n_total:
                     rin_row = Int32(1)
-                _gather_one(regs[jr], rin_row, mask, prefix, need, num_above, lane, lanes_below,
+                _gather_one(regs[jr], rin_row, mask, prefix, take, num_above, lane, lanes_below,
                             s_keys, s_ctl)
         else:
             for w in cutlass.range(num_segments):
@@ -244,10 +269,10 @@ def make_stable_topk(num_threads: int, max_sel: int, items_per_thread: int = 0):
                     if c < seg_len:
                         key = cand[w, row, c]
                         in_row = Int32(1)
-                    _gather_one(key, in_row, mask, prefix, need, num_above, lane,
+                    _gather_one(key, in_row, mask, prefix, take, num_above, lane,
                                 lanes_below, s_keys, s_ctl)
         # Pad to the sort size with key 0 (stored flipped: the smallest int64).
-        for i in cutlass.range(sel + tidx, n_sort, NT):
+        for i in cutlass.range(n_cand + tidx, n_sort_dyn, NT):
             s_keys[i] = Int64(SIGN_BIT)
         cute.arch.sync_threads()
 
@@ -257,10 +282,10 @@ def make_stable_topk(num_threads: int, max_sel: int, items_per_thread: int = 0):
         # i, 32-aligned since NT % 32 == 0) own that block alone. Between two such stages
         # a warp barrier orders the shared-memory accesses; a CTA barrier is needed only
         # around stages with stride > 32.
-        half = n_sort >> 1
+        half = n_sort_dyn >> 1
         for lvl in cutlass.range_constexpr(1, log2_max_sel + 1):
             size = 1 << lvl
-            if size <= n_sort:
+            if size <= n_sort_dyn:
                 for sl in cutlass.range_constexpr(lvl - 1, -1, -1):
                     stride = 1 << sl
                     for i in cutlass.range(tidx, half, NT):
