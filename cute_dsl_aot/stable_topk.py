@@ -20,10 +20,12 @@ so "score descending, then gid ascending, invalid last" is "key descending as an
    were used: the ``need`` keys taken from the bin are equal, so which copies are taken
    does not matter (``n_cand == sel``).
 2. Gather the ``n_cand`` keys into shared memory (warp-aggregated atomics; the order is
-   arbitrary, the set is exact), pad to ``n_sort_dyn = max(2, next_pow2(n_cand))`` with
-   key 0.
+   arbitrary, the set is exact). ``n_sort_dyn = max(2, next_pow2(n_cand))``.
 3. Bitonic sort descending in shared memory (keys stored with the top bit flipped so that
-   a signed compare is the unsigned order).
+   a signed compare is the unsigned order): an all-descending network over
+   ``n_sort_dyn`` slots that skips the compare-exchanges with the (virtual, key 0)
+   slots past ``n_cand``, and on its last level sorts only the top half when
+   ``sel <= n_sort_dyn / 2``.
 4. Write ``out[row, i]`` for ``i < k``: decoded gid of the i-th key, -1 for key 0 and for
    ``i >= sel`` (sorted keys ``sel .. n_cand - 1`` are not written).
 
@@ -271,34 +273,47 @@ def make_stable_topk(num_threads: int, max_sel: int, items_per_thread: int = 0):
                         in_row = Int32(1)
                     _gather_one(key, in_row, mask, prefix, take, num_above, lane,
                                 lanes_below, s_keys, s_ctl)
-        # Pad to the sort size with key 0 (stored flipped: the smallest int64).
-        for i in cutlass.range(n_cand + tidx, n_sort_dyn, NT):
-            s_keys[i] = Int64(SIGN_BIT)
         cute.arch.sync_threads()
 
         # ---- 3. bitonic sort, descending --------------------------------------------
-        # Compare-exchange i of a stage with stride s <= 32 touches elements inside the
-        # 64-element block 2 * (i & ~31) + [0, 64): the 32 lanes of a warp (consecutive
-        # i, 32-aligned since NT % 32 == 0) own that block alone. Between two such stages
-        # a warp barrier orders the shared-memory accesses; a CTA barrier is needed only
-        # around stages with stride > 32.
+        # All-descending bitonic network over n_sort_dyn slots: level ``size`` starts
+        # with a flip stage (slot lo = block + j against hi = block + size - 1 - j =
+        # lo ^ (size - 1), j < size / 2), then half-cleaners with strides size/4 .. 1
+        # (lo against lo + stride); every compare-exchange puts the larger key at lo.
+        # Slots n_cand .. n_sort_dyn - 1 stand for key 0 (the smallest key): a
+        # compare-exchange with hi >= n_cand would be a no-op on them, so it is skipped
+        # and those slots are never read or written (no padding).
+        # On the final level (size == n_sort_dyn) the flip stage leaves the top half of
+        # the keys in slots [0, half) as a bitonic sequence; when sel <= half only that
+        # half is sorted further (i < half / 2).
+        # Compare-exchange i of a stage with stride s <= 32 (a flip stage counts as
+        # stride size / 2) touches elements inside the 64-element block
+        # 2 * (i & ~31) + [0, 64): the 32 lanes of a warp (consecutive i, 32-aligned since
+        # NT % 32 == 0) own that block alone. Between two such stages a warp barrier
+        # orders the shared-memory accesses; a CTA barrier is needed only around stages
+        # with stride > 32.
         half = n_sort_dyn >> 1
+        lim_last = half
+        if sel <= half:
+            lim_last = half >> 1
         for lvl in cutlass.range_constexpr(1, log2_max_sel + 1):
             size = 1 << lvl
             if size <= n_sort_dyn:
+                lim = half
+                if size == n_sort_dyn:
+                    lim = lim_last
                 for sl in cutlass.range_constexpr(lvl - 1, -1, -1):
                     stride = 1 << sl
-                    for i in cutlass.range(tidx, half, NT):
+                    i_end = half if sl == lvl - 1 else lim
+                    for i in cutlass.range(tidx, i_end, NT):
                         lo = ((i >> sl) << (sl + 1)) | (i & (stride - 1))
                         hi = lo + stride
-                        a = s_keys[lo]
-                        b = s_keys[hi]
-                        if (lo & size) == 0:
-                            if a < b:  # descending run
-                                s_keys[lo] = b
-                                s_keys[hi] = a
-                        else:
-                            if a > b:  # ascending run
+                        if cutlass.const_expr(sl == lvl - 1):
+                            hi = lo ^ (size - 1)  # flip stage
+                        if hi < n_cand:
+                            a = s_keys[lo]
+                            b = s_keys[hi]
+                            if a < b:
                                 s_keys[lo] = b
                                 s_keys[hi] = a
                     next_stride = stride >> 1 if sl > 0 else size  # next level: size
