@@ -7,8 +7,12 @@ Each candidate is one int64 whose bits are the unsigned key
 so "score descending, then gid ascending, invalid last" is "key descending as an unsigned
 64-bit integer". Per row (one CTA per row), with ``sel = min(k, N)``:
 
+0. Key 0 (an invalid candidate) decodes to -1 like a shortfall slot, so the kernel
+   selects among the nonzero keys only: ``sel`` below stands for
+   ``sel_eff = min(min(k, N), number of nonzero keys)`` (from the first pass's histogram
+   total), and output positions ``>= sel_eff`` are -1.
 1. Radix select, up to 8 passes of 8-bit digits from the top: a shared-memory histogram
-   of the digit of every key that matches the prefix found so far; one warp scans the 256
+   of the digit of every nonzero key that matches the prefix found so far; one warp scans the 256
    bins from the top and picks the digit holding the ``need``-th largest key. Result: a
    masked prefix P (mask M) such that the top ``sel`` keys are all keys with
    ``key & M > P`` plus ``need`` keys with ``key & M == P``. The select stops early, after
@@ -71,13 +75,14 @@ def smem_bytes(max_sel: int) -> int:
 def _count_digit(key: Int64, valid: Int32, mask: Int64, prefix: Int64,
                  shift: cutlass.Constexpr[int], lanes_below: Int32, s_hist: cute.Tensor):
     """Step 1 for one key per thread (all 32 lanes of each warp call it together): if the
-    key is valid and ``key & mask == prefix``, count its digit ``(key >> shift) & 255``.
+    key is valid, nonzero and ``key & mask == prefix``, count its digit ``(key >> shift) & 255``.
     Lanes with the same digit are combined (match.any) into one shared atomic, so tied
     rows do not serialize on one bin."""
     digit = Int32(NUM_BINS)  # no bin
     if valid != 0:
-        if (key & mask) == prefix:
-            digit = Int32((key >> shift) & (NUM_BINS - 1))
+        if key != 0:  # key 0 (invalid candidate) is never selected: it decodes to -1
+            if (key & mask) == prefix:
+                digit = Int32((key >> shift) & (NUM_BINS - 1))
     peers = Int32(cute.arch.match_sync(-1, digit))
     if digit < NUM_BINS:
         if (peers & lanes_below) == 0:  # the lowest lane of its group adds for all
@@ -88,8 +93,8 @@ def _count_digit(key: Int64, valid: Int32, mask: Int64, prefix: Int64,
 def _gather_one(key: Int64, in_row: Int32, mask: Int64, prefix: Int64, need: Int32,
                 num_above: Int32, lane: Int32, lanes_below: Int32, s_keys: cute.Tensor,
                 s_ctl: cute.Tensor):
-    """Step 2 for one key per thread (all 32 lanes of each warp call it together): keys
-    with ``key & mask > prefix`` (unsigned) go to ``s_keys[0, num_above)`` and the first
+    """Step 2 for one key per thread (all 32 lanes of each warp call it together): nonzero
+    keys with ``key & mask > prefix`` (unsigned) go to ``s_keys[0, num_above)`` and the first
     ``need`` keys with ``key & mask == prefix`` to ``s_keys[num_above, num_above + need)``
     (the caller passes the number of bin keys to take), stored with
     the top bit flipped. Slots come from warp-aggregated shared atomics (s_ctl[3], [4])."""
@@ -97,10 +102,11 @@ def _gather_one(key: Int64, in_row: Int32, mask: Int64, prefix: Int64, need: Int
     is_gt = Int32(0)
     is_eq = Int32(0)
     if in_row != 0:
-        if (masked ^ Int64(SIGN_BIT)) > (prefix ^ Int64(SIGN_BIT)):  # unsigned >
-            is_gt = Int32(1)
-        if masked == prefix:
-            is_eq = Int32(1)
+        if key != 0:  # key 0 is never gathered (the select runs over nonzero keys)
+            if (masked ^ Int64(SIGN_BIT)) > (prefix ^ Int64(SIGN_BIT)):  # unsigned >
+                is_gt = Int32(1)
+            if masked == prefix:
+                is_eq = Int32(1)
     ballot_gt = cute.arch.vote_ballot_sync(is_gt != 0)
     if ballot_gt != 0:
         base = Int32(0)
@@ -172,6 +178,7 @@ def make_stable_topk(num_threads: int, max_sel: int, items_per_thread: int = 0):
         lanes_below = Int32(cute.arch.lanemask_lt())
         prefix = Int64(0)
         mask = Int64(0)
+        sel_eff = sel  # min(sel, nonzero keys), set by the first pass
         need = sel
         take = sel  # keys taken from the chosen bin (set when the select stops)
         active = Int32(1)
@@ -220,12 +227,24 @@ def make_stable_topk(num_threads: int, max_sel: int, items_per_thread: int = 0):
                         if lane >= off:
                             incl = incl + v
                     run = incl - lane_sum
-                    if run < need:
-                        if need <= incl:
+                    need_scan = need
+                    if cutlass.const_expr(p == 0):
+                        # Only nonzero keys were counted: select min(sel, their count);
+                        # positions past it decode key 0 anyway (-1).
+                        total = cute.arch.shuffle_sync(incl, 31)
+                        need_scan = cutlass.min(need, total)
+                        if lane == 0:
+                            s_ctl[5] = need_scan
+                            if need_scan == 0:  # no nonzero key: an empty selection
+                                s_ctl[0] = Int32(0)
+                                s_ctl[1] = Int32(0)
+                                s_ctl[2] = Int32(0)
+                    if run < need_scan:
+                        if need_scan <= incl:
                             found = Int32(0)
                             for j in cutlass.range_constexpr(per_lane):
                                 if found == 0:
-                                    if run + counts[j] >= need:
+                                    if run + counts[j] >= need_scan:
                                         s_ctl[0] = NUM_BINS - 1 - per_lane * lane - j
                                         s_ctl[1] = run
                                         s_ctl[2] = counts[j]
@@ -235,21 +254,24 @@ def make_stable_topk(num_threads: int, max_sel: int, items_per_thread: int = 0):
                 digit_sel = s_ctl[0]
                 above = s_ctl[1]
                 bucket = s_ctl[2]
+                if cutlass.const_expr(p == 0):
+                    sel_eff = s_ctl[5]
+                    need = sel_eff
                 prefix = prefix | (Int64(digit_sel) << shift)
                 mask = Int64(_as_int64(((1 << (RADIX_BITS * (p + 1))) - 1) << shift))
                 need = need - above
                 # Early stop once every key with key & mask >= prefix (the ``num_above``
                 # keys above the bin plus the whole bin) fits the sort: the top ``sel``
                 # of those are the answer. An exact hit (bucket == need) always fits.
-                if (sel - need) + bucket <= stop_limit:
+                if (sel_eff - need) + bucket <= stop_limit:
                     take = bucket
                     active = Int32(0)
         if active != 0:
             take = need  # all 64 bits used: the bin's keys are equal, any ``need`` do
 
         # ---- 2. gather the selected keys --------------------------------------------
-        num_above = sel - need
-        n_cand = num_above + take  # sel <= n_cand <= max_sel
+        num_above = sel_eff - need
+        n_cand = num_above + take  # sel_eff <= n_cand <= max_sel (n_cand may be 0)
         # Sort size: max(2, next_pow2(n_cand)) <= max_sel (uniform across the CTA).
         n_sort_dyn = Int32(2)
         for lg in cutlass.range_constexpr(1, log2_max_sel):
@@ -294,7 +316,7 @@ def make_stable_topk(num_threads: int, max_sel: int, items_per_thread: int = 0):
         # with stride > 32.
         half = n_sort_dyn >> 1
         lim_last = half
-        if sel <= half:
+        if sel_eff <= half:
             lim_last = half >> 1
         for lvl in cutlass.range_constexpr(1, log2_max_sel + 1):
             size = 1 << lvl
@@ -326,7 +348,7 @@ def make_stable_topk(num_threads: int, max_sel: int, items_per_thread: int = 0):
         # ---- 4. decode and write --------------------------------------------------------
         for i in cutlass.range(tidx, k, NT):
             gid = Int32(-1)
-            if i < sel:
+            if i < sel_eff:
                 key = s_keys[i] ^ Int64(SIGN_BIT)
                 if key != 0:
                     gid = Int32(~key)  # low 32 bits of ~key
