@@ -7,19 +7,31 @@ Each candidate is one int64 whose bits are the unsigned key
 so "score descending, then gid ascending, invalid last" is "key descending as an unsigned
 64-bit integer". Per row (one CTA per row), with ``sel = min(k, N)``:
 
-1. Radix select, 8 passes of 8-bit digits from the top: a shared-memory histogram of the
-   digit of every key that matches the prefix found so far; one warp scans the 256 bins
-   from the top and picks the digit holding the ``need``-th largest key. It stops early
-   once the chosen bin holds exactly the keys still needed. Result: a masked prefix P
-   (mask M) such that the top ``sel`` keys are all keys with ``key & M > P`` plus ``need``
-   keys with ``key & M == P`` (when all 64 bits were used those are equal keys, so which
-   copies are taken does not matter; after an early stop all of them are taken).
-2. Gather those ``sel`` keys into shared memory (warp-aggregated atomics; the order is
-   arbitrary, the set is exact), pad to ``n_sort`` (a power of two) with key 0.
+0. Key 0 (an invalid candidate) decodes to -1 like a shortfall slot, so the kernel
+   selects among the nonzero keys only: ``sel`` below stands for
+   ``sel_eff = min(min(k, N), number of nonzero keys)`` (from the first pass's histogram
+   total), and output positions ``>= sel_eff`` are -1.
+1. Radix select, up to 8 passes of 8-bit digits from the top: a shared-memory histogram
+   of the digit of every nonzero key that matches the prefix found so far; one warp scans the 256
+   bins from the top and picks the digit holding the ``need``-th largest key. Result: a
+   masked prefix P (mask M) such that the top ``sel`` keys are all keys with
+   ``key & M > P`` plus ``need`` keys with ``key & M == P``. The select stops early, after
+   any pass, once the candidate set ``C = {key & M >= P}`` (the keys above the chosen bin
+   plus the whole bin, ``n_cand = sel - need + bucket`` keys) holds at most
+   ``stop_limit = min(max_sel, max(2 * n_sort, EARLY_STOP_MIN))`` keys: every key outside
+   C is smaller than every key in C, so the top ``sel`` keys of C are the answer (an exact
+   hit, ``bucket == need``, is the case ``n_cand == sel``). If it never stops, all 64 bits
+   were used: the ``need`` keys taken from the bin are equal, so which copies are taken
+   does not matter (``n_cand == sel``).
+2. Gather the ``n_cand`` keys into shared memory (warp-aggregated atomics; the order is
+   arbitrary, the set is exact). ``n_sort_dyn = max(2, next_pow2(n_cand))``.
 3. Bitonic sort descending in shared memory (keys stored with the top bit flipped so that
-   a signed compare is the unsigned order).
+   a signed compare is the unsigned order): an all-descending network over
+   ``n_sort_dyn`` slots that skips the compare-exchanges with the (virtual, key 0)
+   slots past ``n_cand``, and on its last level sorts only the top half when
+   ``sel <= n_sort_dyn / 2``.
 4. Write ``out[row, i]`` for ``i < k``: decoded gid of the i-th key, -1 for key 0 and for
-   ``i >= sel``.
+   ``i >= sel`` (sorted keys ``sel .. n_cand - 1`` are not written).
 
 Candidates are read as a 3-D tensor ``[W, rows, K]`` with arbitrary strides (row r's
 candidates are ``cand[w, r, :]`` for every w); a 2-D input is ``W = 1``. The output is a
@@ -43,6 +55,7 @@ from cutlass import Int32, Int64
 RADIX_BITS = 8
 NUM_BINS = 1 << RADIX_BITS
 NUM_PASSES = 64 // RADIX_BITS
+EARLY_STOP_MIN = 256  # the select may stop with up to this many candidates (see below)
 CTL_WORDS = 8  # shared control words: digit, above, bucket count, gt counter, eq counter
 SIGN_BIT = -(1 << 63)  # int64 with only the top bit set
 
@@ -62,13 +75,14 @@ def smem_bytes(max_sel: int) -> int:
 def _count_digit(key: Int64, valid: Int32, mask: Int64, prefix: Int64,
                  shift: cutlass.Constexpr[int], lanes_below: Int32, s_hist: cute.Tensor):
     """Step 1 for one key per thread (all 32 lanes of each warp call it together): if the
-    key is valid and ``key & mask == prefix``, count its digit ``(key >> shift) & 255``.
+    key is valid, nonzero and ``key & mask == prefix``, count its digit ``(key >> shift) & 255``.
     Lanes with the same digit are combined (match.any) into one shared atomic, so tied
     rows do not serialize on one bin."""
     digit = Int32(NUM_BINS)  # no bin
     if valid != 0:
-        if (key & mask) == prefix:
-            digit = Int32((key >> shift) & (NUM_BINS - 1))
+        if key != 0:  # key 0 (invalid candidate) is never selected: it decodes to -1
+            if (key & mask) == prefix:
+                digit = Int32((key >> shift) & (NUM_BINS - 1))
     peers = Int32(cute.arch.match_sync(-1, digit))
     if digit < NUM_BINS:
         if (peers & lanes_below) == 0:  # the lowest lane of its group adds for all
@@ -79,18 +93,20 @@ def _count_digit(key: Int64, valid: Int32, mask: Int64, prefix: Int64,
 def _gather_one(key: Int64, in_row: Int32, mask: Int64, prefix: Int64, need: Int32,
                 num_above: Int32, lane: Int32, lanes_below: Int32, s_keys: cute.Tensor,
                 s_ctl: cute.Tensor):
-    """Step 2 for one key per thread (all 32 lanes of each warp call it together): keys
-    with ``key & mask > prefix`` (unsigned) go to ``s_keys[0, num_above)`` and the first
-    ``need`` keys with ``key & mask == prefix`` to ``s_keys[num_above, sel)``, stored with
+    """Step 2 for one key per thread (all 32 lanes of each warp call it together): nonzero
+    keys with ``key & mask > prefix`` (unsigned) go to ``s_keys[0, num_above)`` and the first
+    ``need`` keys with ``key & mask == prefix`` to ``s_keys[num_above, num_above + need)``
+    (the caller passes the number of bin keys to take), stored with
     the top bit flipped. Slots come from warp-aggregated shared atomics (s_ctl[3], [4])."""
     masked = key & mask
     is_gt = Int32(0)
     is_eq = Int32(0)
     if in_row != 0:
-        if (masked ^ Int64(SIGN_BIT)) > (prefix ^ Int64(SIGN_BIT)):  # unsigned >
-            is_gt = Int32(1)
-        if masked == prefix:
-            is_eq = Int32(1)
+        if key != 0:  # key 0 is never gathered (the select runs over nonzero keys)
+            if (masked ^ Int64(SIGN_BIT)) > (prefix ^ Int64(SIGN_BIT)):  # unsigned >
+                is_gt = Int32(1)
+            if masked == prefix:
+                is_eq = Int32(1)
     ballot_gt = cute.arch.vote_ballot_sync(is_gt != 0)
     if ballot_gt != 0:
         base = Int32(0)
@@ -162,8 +178,14 @@ def make_stable_topk(num_threads: int, max_sel: int, items_per_thread: int = 0):
         lanes_below = Int32(cute.arch.lanemask_lt())
         prefix = Int64(0)
         mask = Int64(0)
+        sel_eff = sel  # min(sel, nonzero keys), set by the first pass
         need = sel
+        take = sel  # keys taken from the chosen bin (set when the select stops)
         active = Int32(1)
+        # Candidate-set bound for the early stop: the sort buffer, and at most twice the
+        # exact sort size (n_sort = next_pow2(sel)) or EARLY_STOP_MIN keys.
+        stop_limit = cutlass.min(cutlass.max(n_sort * 2, Int32(EARLY_STOP_MIN)),
+                                 Int32(max_sel))
         for p in cutlass.range_constexpr(NUM_PASSES):
             shift = 64 - RADIX_BITS * (p + 1)
             if active != 0:
@@ -205,12 +227,24 @@ def make_stable_topk(num_threads: int, max_sel: int, items_per_thread: int = 0):
                         if lane >= off:
                             incl = incl + v
                     run = incl - lane_sum
-                    if run < need:
-                        if need <= incl:
+                    need_scan = need
+                    if cutlass.const_expr(p == 0):
+                        # Only nonzero keys were counted: select min(sel, their count);
+                        # positions past it decode key 0 anyway (-1).
+                        total = cute.arch.shuffle_sync(incl, 31)
+                        need_scan = cutlass.min(need, total)
+                        if lane == 0:
+                            s_ctl[5] = need_scan
+                            if need_scan == 0:  # no nonzero key: an empty selection
+                                s_ctl[0] = Int32(0)
+                                s_ctl[1] = Int32(0)
+                                s_ctl[2] = Int32(0)
+                    if run < need_scan:
+                        if need_scan <= incl:
                             found = Int32(0)
                             for j in cutlass.range_constexpr(per_lane):
                                 if found == 0:
-                                    if run + counts[j] >= need:
+                                    if run + counts[j] >= need_scan:
                                         s_ctl[0] = NUM_BINS - 1 - per_lane * lane - j
                                         s_ctl[1] = run
                                         s_ctl[2] = counts[j]
@@ -220,20 +254,35 @@ def make_stable_topk(num_threads: int, max_sel: int, items_per_thread: int = 0):
                 digit_sel = s_ctl[0]
                 above = s_ctl[1]
                 bucket = s_ctl[2]
+                if cutlass.const_expr(p == 0):
+                    sel_eff = s_ctl[5]
+                    need = sel_eff
                 prefix = prefix | (Int64(digit_sel) << shift)
                 mask = Int64(_as_int64(((1 << (RADIX_BITS * (p + 1))) - 1) << shift))
                 need = need - above
-                if bucket == need:
+                # Early stop once every key with key & mask >= prefix (the ``num_above``
+                # keys above the bin plus the whole bin) fits the sort: the top ``sel``
+                # of those are the answer. An exact hit (bucket == need) always fits.
+                if (sel_eff - need) + bucket <= stop_limit:
+                    take = bucket
                     active = Int32(0)
+        if active != 0:
+            take = need  # all 64 bits used: the bin's keys are equal, any ``need`` do
 
         # ---- 2. gather the selected keys --------------------------------------------
-        num_above = sel - need
+        num_above = sel_eff - need
+        n_cand = num_above + take  # sel_eff <= n_cand <= max_sel (n_cand may be 0)
+        # Sort size: max(2, next_pow2(n_cand)) <= max_sel (uniform across the CTA).
+        n_sort_dyn = Int32(2)
+        for lg in cutlass.range_constexpr(1, log2_max_sel):
+            if n_cand > (1 << lg):
+                n_sort_dyn = Int32(1 << (lg + 1))
         if cutlass.const_expr(ITEMS > 0):
             for jr in cutlass.range_constexpr(ITEMS):
                 rin_row = Int32(0)
                 if jr * NT + tidx < n_total:
                     rin_row = Int32(1)
-                _gather_one(regs[jr], rin_row, mask, prefix, need, num_above, lane, lanes_below,
+                _gather_one(regs[jr], rin_row, mask, prefix, take, num_above, lane, lanes_below,
                             s_keys, s_ctl)
         else:
             for w in cutlass.range(num_segments):
@@ -244,36 +293,49 @@ def make_stable_topk(num_threads: int, max_sel: int, items_per_thread: int = 0):
                     if c < seg_len:
                         key = cand[w, row, c]
                         in_row = Int32(1)
-                    _gather_one(key, in_row, mask, prefix, need, num_above, lane,
+                    _gather_one(key, in_row, mask, prefix, take, num_above, lane,
                                 lanes_below, s_keys, s_ctl)
-        # Pad to the sort size with key 0 (stored flipped: the smallest int64).
-        for i in cutlass.range(sel + tidx, n_sort, NT):
-            s_keys[i] = Int64(SIGN_BIT)
         cute.arch.sync_threads()
 
         # ---- 3. bitonic sort, descending --------------------------------------------
-        # Compare-exchange i of a stage with stride s <= 32 touches elements inside the
-        # 64-element block 2 * (i & ~31) + [0, 64): the 32 lanes of a warp (consecutive
-        # i, 32-aligned since NT % 32 == 0) own that block alone. Between two such stages
-        # a warp barrier orders the shared-memory accesses; a CTA barrier is needed only
-        # around stages with stride > 32.
-        half = n_sort >> 1
+        # All-descending bitonic network over n_sort_dyn slots: level ``size`` starts
+        # with a flip stage (slot lo = block + j against hi = block + size - 1 - j =
+        # lo ^ (size - 1), j < size / 2), then half-cleaners with strides size/4 .. 1
+        # (lo against lo + stride); every compare-exchange puts the larger key at lo.
+        # Slots n_cand .. n_sort_dyn - 1 stand for key 0 (the smallest key): a
+        # compare-exchange with hi >= n_cand would be a no-op on them, so it is skipped
+        # and those slots are never read or written (no padding).
+        # On the final level (size == n_sort_dyn) the flip stage leaves the top half of
+        # the keys in slots [0, half) as a bitonic sequence; when sel <= half only that
+        # half is sorted further (i < half / 2).
+        # Compare-exchange i of a stage with stride s <= 32 (a flip stage counts as
+        # stride size / 2) touches elements inside the 64-element block
+        # 2 * (i & ~31) + [0, 64): the 32 lanes of a warp (consecutive i, 32-aligned since
+        # NT % 32 == 0) own that block alone. Between two such stages a warp barrier
+        # orders the shared-memory accesses; a CTA barrier is needed only around stages
+        # with stride > 32.
+        half = n_sort_dyn >> 1
+        lim_last = half
+        if sel_eff <= half:
+            lim_last = half >> 1
         for lvl in cutlass.range_constexpr(1, log2_max_sel + 1):
             size = 1 << lvl
-            if size <= n_sort:
+            if size <= n_sort_dyn:
+                lim = half
+                if size == n_sort_dyn:
+                    lim = lim_last
                 for sl in cutlass.range_constexpr(lvl - 1, -1, -1):
                     stride = 1 << sl
-                    for i in cutlass.range(tidx, half, NT):
+                    i_end = half if sl == lvl - 1 else lim
+                    for i in cutlass.range(tidx, i_end, NT):
                         lo = ((i >> sl) << (sl + 1)) | (i & (stride - 1))
                         hi = lo + stride
-                        a = s_keys[lo]
-                        b = s_keys[hi]
-                        if (lo & size) == 0:
-                            if a < b:  # descending run
-                                s_keys[lo] = b
-                                s_keys[hi] = a
-                        else:
-                            if a > b:  # ascending run
+                        if cutlass.const_expr(sl == lvl - 1):
+                            hi = lo ^ (size - 1)  # flip stage
+                        if hi < n_cand:
+                            a = s_keys[lo]
+                            b = s_keys[hi]
+                            if a < b:
                                 s_keys[lo] = b
                                 s_keys[hi] = a
                     next_stride = stride >> 1 if sl > 0 else size  # next level: size
@@ -286,7 +348,7 @@ def make_stable_topk(num_threads: int, max_sel: int, items_per_thread: int = 0):
         # ---- 4. decode and write --------------------------------------------------------
         for i in cutlass.range(tidx, k, NT):
             gid = Int32(-1)
-            if i < sel:
+            if i < sel_eff:
                 key = s_keys[i] ^ Int64(SIGN_BIT)
                 if key != 0:
                     gid = Int32(~key)  # low 32 bits of ~key

@@ -153,6 +153,33 @@ def test_duplicate_keys(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("n,k", [(8192, 2048), (16384, 2048), (20000, 4096), (3000, 100)])
+def test_mixed_rows_early_stop(device, n, k):
+    """Rows that stop the select after different passes in one launch: no valid key, one,
+    exactly k, k + 1, heavy ties, equal scores, random, duplicates of one key, more copies
+    of the top key than the sort holds (all 64 bits used), a top byte shared by half the
+    row."""
+    g = torch.Generator().manual_seed(n + k)
+    rows = []
+    for kind, valid in (("random", 0), ("random", 1), ("random", k), ("random", k + 1),
+                        ("ties", n), ("equal", n), ("random", n), ("big_ids", n)):
+        keys = make_keys(kind, 1, n, seed=valid + 1)[0]
+        keys[torch.randperm(n, generator=g)[:n - min(valid, n)]] = 0
+        rows.append(keys)
+    dup = rows[-2].clone()
+    dup[::2] = dup[0]
+    rows.append(dup)
+    many = rows[-3].clone()  # more copies of the top key than any sort holds: 8 passes
+    sign = torch.iinfo(torch.int64).min
+    many[: n * 5 // 8] = (many ^ sign).max() ^ sign  # the largest unsigned key
+    rows.append(many)
+    near = rows[-3].clone()  # top byte splits the row in two halves of ~n/2 keys
+    near[: n // 2] = near[: n // 2] | (1 << 62)
+    rows.append(near)
+    check(torch.stack(rows), k, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_all_invalid(device):
     check(torch.zeros(3, 40, dtype=torch.int64), 8, device)
 

@@ -150,6 +150,25 @@ def _check_pack(device: torch.device) -> None:
         _equal("candidate keys", got, want)
 
 
+@check("stable_topk_from_candidates")
+def _check_stable_topk(device: torch.device) -> None:
+    g = torch.Generator().manual_seed(4)
+    rows, W, K = 32, 4, 2048
+    scores = torch.randn(rows, W * K, generator=g)
+    scores[:, ::3] = torch.randint(0, 4, (rows, (W * K + 2) // 3), generator=g).float()  # ties
+    gids = torch.randperm(W * K * 4, generator=g)[:W * K].to(torch.int32).repeat(rows, 1)
+    gids[torch.rand(rows, W * K, generator=g) < 0.1] = -1  # invalid candidates
+    keys = reference.encode_candidate_keys(scores, gids)
+    keys[1] = keys[1, 0]  # one row of identical keys
+    keys[2, 100:] = 0  # one row with a shortfall
+    gathered = keys.view(rows, W, K).transpose(0, 1)  # [W, rows, K], strided
+    for cands in (keys, gathered):
+        for k in (1, 100, 2048, 4096):
+            want = reference.stable_topk_from_candidates(cands, k)
+            got = dsa_ext.stable_topk_from_candidates(cands.to(device), k)
+            _equal(f"top-{k} of {tuple(cands.shape)}", got, want)
+
+
 @check("merge_attention_outputs (fake W=4)")
 def _check_lse_merge(device: torch.device) -> None:
     g = torch.Generator().manual_seed(2)
