@@ -3,8 +3,8 @@
 #   build (no network) -> self-check -> full test suite (GPU tests included) ->
 #   compute-sanitizer memcheck over the GPU tests -> benchmark.
 # Usage: tools/gpu_check.sh OUT_DIR
-#   OUT_DIR receives build.log, selfcheck.log, pytest.log, sanitizer.log (memcheck and
-#   racecheck), bench.txt and results.json (environment, step exit codes, bench numbers).
+#   OUT_DIR receives build.log, selfcheck.log, pytest.log, sanitizer.log (memcheck,
+#   racecheck and initcheck), bench.txt and results.json (environment, step exit codes, bench numbers).
 # Needs: python3 with torch (CUDA), pybind11, scikit-build-core, cmake, ninja, nvcc,
 # compute-sanitizer. CuTeDSL cubins are exported on a build machine (the GPU machine has
 # no nvidia-cutlass-dsl): if cute_dsl_aot/out/ exists it is used via DSA_EXT_CUBIN_DIR.
@@ -60,6 +60,10 @@ step sanitizer sanitizer.log env DSA_EXT_HYPOTHESIS_PROFILE=sanitizer timeout 24
 step racecheck sanitizer.log env DSA_EXT_HYPOTHESIS_PROFILE=sanitizer timeout 120 \
   compute-sanitizer --tool racecheck --error-exitcode 99 \
   "${PYTEST[@]}" -m cuda -k "matches_reference and random" "$REPO/tests/test_stable_topk.py"
+# The sort skips slots past the gathered count: no read of shared memory nobody wrote.
+step initcheck sanitizer.log env DSA_EXT_HYPOTHESIS_PROFILE=sanitizer timeout 120 \
+  compute-sanitizer --tool initcheck --report-api-errors no --error-exitcode 99 \
+  "${PYTEST[@]}" -m cuda -k "matches_reference or early_stop" "$REPO/tests/test_stable_topk.py"
 step bench bench.txt timeout 180 $PY -m dsa_ext.bench --json "$OUT/bench.json"
 
 $PY - "$OUT" <<EOF
@@ -67,7 +71,8 @@ import json, os, subprocess, sys
 out = sys.argv[1]
 status = {"build": ${STATUS[build]}, "selfcheck": ${STATUS[selfcheck]},
           "pytest": ${STATUS[pytest]}, "sanitizer": ${STATUS[sanitizer]},
-          "racecheck": ${STATUS[racecheck]}, "bench": ${STATUS[bench]}}
+          "racecheck": ${STATUS[racecheck]}, "initcheck": ${STATUS[initcheck]},
+          "bench": ${STATUS[bench]}}
 bench = {}
 path = os.path.join(out, "bench.json")
 if os.path.exists(path):
@@ -79,6 +84,6 @@ json.dump({"environment": head, "status": status, "bench": bench},
 print("summary:", status)
 EOF
 tail -n 25 "$OUT/bench.txt" 2>/dev/null
-for s in build selfcheck pytest sanitizer racecheck bench; do
+for s in build selfcheck pytest sanitizer racecheck initcheck bench; do
   [ "${STATUS[$s]}" = 0 ] || exit 1
 done
