@@ -76,7 +76,8 @@ def test_random_lengths_vs_reference(world, interleave, data, n, big):
     rank = data.draw(st.one_of(st.none(), st.integers(0, world - 1)))
     g = torch.Generator().manual_seed(n)
     dtype = I64 if big else I32
-    L = torch.randint(0, (1 << 40) if big else (1 << 30), (n,), generator=g, dtype=I64).to(dtype)
+    low = -(1 << 20)  # lengths are data: negative ones must give a defined 0
+    L = torch.randint(low, (1 << 40) if big else (1 << 30), (n,), generator=g, dtype=I64).to(dtype)
     assert_equal(dcp.local_seq_lens(L, rank, world, interleave),
                  reference.local_seq_lens(L, rank, world, interleave))
 
@@ -85,9 +86,23 @@ def test_random_lengths_vs_reference(world, interleave, data, n, big):
 @given(world=st.integers(1, 8), interleave=st.sampled_from([1, 2, 4, 16]), data=st.data())
 def test_random_lengths_cuda_equals_cpu(world, interleave, data):
     rank = data.draw(st.one_of(st.none(), st.integers(0, world - 1)))
-    L = torch.randint(0, 1 << 30, (513,), dtype=I32)
+    L = torch.randint(-(1 << 20), 1 << 30, (513,), dtype=I32)
     cpu = dcp.local_seq_lens(L, rank, world, interleave)
     assert_equal(dcp.local_seq_lens(L.cuda(), rank, world, interleave), cpu)
+
+
+def test_negative_lengths_own_nothing(device):
+    L = torch.tensor([-5, -1, 0, 3], dtype=I32, device=device)
+    assert dcp.local_seq_lens(L, 1, 2).tolist() == [0, 0, 0, 1]
+    assert reference.dcp_local_length(-5, 1, 2, 1) == 0
+
+
+def test_zero_dim_length_all_ranks_into_strided_out(device):
+    buf = torch.full((8,), -7, dtype=I32, device=device)
+    L = torch.tensor(5, dtype=I32, device=device)
+    res = dcp.local_seq_lens(L, None, 4, 1, out=buf[::2])
+    assert res.tolist() == [2, 1, 1, 1]
+    assert buf[1::2].eq(-7).all()  # the skipped elements stay untouched
 
 
 # ---------------------------------------------------------------------------------------

@@ -200,10 +200,14 @@ def test_prefill_max_local_total_is_max_over_ranks(device):
 
 
 def test_plan_prefill_chunks_greedy_and_split():
+    plans = plan_prefill_chunks([100, 100, 250, 50, 50], [0, 10, 20, 520, 530, 540],
+                                max_kv_workspace=300, max_logits_bytes=10**9)
+    assert [(p.req_start, p.req_end) for p in plans] == [(0, 2), (2, 4), (4, 5)]
     S = [100, 100, 5000, 50, 50]
     qsl = [0, 10, 20, 520, 530, 540]
-    plans = plan_prefill_chunks(S, qsl, max_kv_workspace=300, max_logits_bytes=10**9)
-    assert [(p.req_start, p.req_end) for p in plans] == [(0, 2), (2, 3), (3, 5)]
+    with pytest.raises(ValueError, match=r"max_kv_workspace \(300\) must hold the KV of "
+                                         r"every request: request 2 needs 5000"):
+        plan_prefill_chunks(S, qsl, max_kv_workspace=300, max_logits_bytes=10**9)
     # Logits budget: 5000 columns x 4 bytes x rows <= 40000 -> 2 rows per slice.
     plans = plan_prefill_chunks(S, qsl, max_kv_workspace=10**6, max_logits_bytes=40000)
     split = [p for p in plans if p.req_start == 2]
@@ -226,7 +230,7 @@ def prefill_cases(draw):
     qsl = torch.cat([torch.zeros(1, dtype=torch.int64), qlen.cumsum(0)]) + start
     kw = dict(dcp_world_size=world, dcp_rank=draw(st.integers(0, world - 1)),
               interleave=interleave, compress_ratio=draw(st.sampled_from([1, 4])),
-              max_kv_workspace=draw(st.sampled_from([64, 400, 10**6])),
+              max_kv_workspace=draw(st.sampled_from([340, 400, 10**6])),
               max_logits_bytes=draw(st.sampled_from([4096, 10**5, 10**9])))
     return S.to(I32), qsl.to(I32), kw
 
@@ -512,3 +516,26 @@ def test_prefill_build_reads_sizes_back_at_most_once():
         torch.cuda.set_sync_debug_mode("default")
     for c, d in zip(chunks, again):
         assert torch.equal(c.cu_seqlen_ke, d.cu_seqlen_ke)
+
+
+def test_torch_compile_dynamic_shapes():
+    # With dynamic shapes the sizes reaching the argument checks are SymInts.
+    torch._dynamo.reset()
+    row_ends = torch.compile(decode_row_ends, dynamic=True, fullgraph=True)
+    for B in (3, 5, 9):
+        S = torch.randint(0, 100, (B,), dtype=I32)
+        assert_equal(row_ends(S, 2), reference.decode_row_ends(S, 2))
+
+
+def test_numpy_integers_are_ints():
+    np = pytest.importorskip("numpy")
+    S = torch.tensor([10, 5], dtype=I32)
+    assert decode_row_ends(S, np.int64(2)).tolist() == [9, 10, 4, 5]
+    with pytest.raises(TypeError, match="next_n must be an int, got float"):
+        decode_row_ends(S, 2.0)
+
+
+def test_builder_needs_an_integer_rank():
+    with pytest.raises(TypeError, match="dcp_rank must be an int, got None"):
+        IndexerMetadataBuilder("cpu", next_n=2, block_size=64, max_num_reqs=4,
+                               max_model_len=1024, dcp_world_size=2, dcp_rank=None)

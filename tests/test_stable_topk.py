@@ -179,6 +179,56 @@ def test_mixed_rows_early_stop(device, n, k):
     check(torch.stack(rows), k, device)
 
 
+def make_prefix_rows(n: int, k: int, seed: int) -> torch.Tensor:
+    """Rows whose nonzero keys share long common prefixes (the CUDA select starts at the
+    highest bit where two of them differ), each with n, k + 1, k and k - 1 valid keys (the
+    rest key 0, at random positions), then one row per differing bit 0..63 (random low
+    bits under a random shared prefix, a fifth of the keys invalid)."""
+    g = torch.Generator().manual_seed(seed)
+    perm = torch.randperm(4 * n, generator=g)[:n].to(torch.int32)
+    one = torch.ones(n)
+    x = torch.tensor(0.37)
+    x_up = torch.nextafter(x, torch.tensor(1.0))  # differs from x in the last mantissa bit
+    cases = [
+        (one * 0.37, 5_000_000 + perm),  # equal scores, ids differing in low bits only
+        (one * 0.37, INT32_MAX - perm),  # ids near 2^31 - 1
+        (torch.where(torch.rand(n, generator=g) < 0.5, x, x_up), perm),  # last score bit
+        (torch.where(torch.rand(n, generator=g) < 0.5, x, x_up), 1000 + perm % 3),
+        (one * 0.37, 2 * 12345 + perm % 2),  # two distinct keys (bit 0), many copies
+        (one * -2.5, torch.full((n,), 77, dtype=torch.int32)),  # one key, n copies
+        (torch.rand(n, generator=g), perm),  # uniform [0, 1): clustered exponents
+        (5.0 + 0.01 * torch.randn(n, generator=g), perm),  # narrow positive logits
+    ]
+    rows = []
+    for scores, gids in cases:
+        keys = reference.encode_candidate_keys(scores.float(), gids)
+        for valid in (n, k + 1, k, k - 1, 1, 0):
+            row = keys.clone()
+            row[torch.randperm(n, generator=g)[:n - max(0, min(valid, n))]] = 0
+            rows.append(row)
+    base = torch.randint(-2**62, 2**62, (64,), generator=g) * 2 | 1
+    for b in range(64):
+        low = torch.randint(-2**62, 2**62, (n,), generator=g) * 2 + 1  # random 64 bits
+        low_mask = -1 if b == 63 else (1 << (b + 1)) - 1  # bits 0..b
+        prefix = base[b] & ~low_mask
+        bit = -2**63 if b == 63 else 1 << b
+        row = prefix | (low & low_mask)
+        row[torch.rand(n, generator=g) < 0.2] = 0
+        row[0] = prefix | bit  # bit b set ...
+        row[1] = prefix | (bit - 1 if b < 63 else 2**63 - 1)  # ... and clear in another
+        rows.append(row)
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("n,k", [(40, 7), (3000, 100), (8192, 2048), (16384, 2048),
+                                 (20000, 4096), (12000, 9000)])
+def test_shared_prefix_rows(device, n, k):
+    """Rows whose valid keys agree on long prefixes and differ in a single bit, mixed with
+    invalid keys and shortfalls: the radix select must resolve every digit window."""
+    check(make_prefix_rows(n, k, seed=n + k), k, device)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_all_invalid(device):
     check(torch.zeros(3, 40, dtype=torch.int64), 8, device)
@@ -229,13 +279,7 @@ def test_zero_rows(device):
     assert out.shape == (0, 4)
 
 
-@given(
-    rows=st.integers(1, 4),
-    n=st.integers(1, 70),
-    k=st.integers(1, 90),
-    data=st.data(),
-)
-def test_hypothesis_cpu(rows, n, k, data):
+def _random_keys(rows, n, data):
     score_values = st.one_of(st.sampled_from(SPECIAL_SCORES + [2.0, 2.0, -3.5]),
                              st.floats(width=32, allow_nan=True))
     id_values = st.one_of(st.sampled_from([-1, 0, 1, INT32_MAX]), st.integers(-5, INT32_MAX))
@@ -243,10 +287,18 @@ def test_hypothesis_cpu(rows, n, k, data):
                                              max_size=rows * n)), dtype=torch.float32)
     gids = torch.tensor(data.draw(st.lists(id_values, min_size=rows * n, max_size=rows * n)),
                         dtype=torch.int32)
-    keys = reference.encode_candidate_keys(scores, gids).reshape(rows, n)
-    check(keys, k, "cpu")
-    if HAS_CUDA:
-        check(keys, k, "cuda")
+    return reference.encode_candidate_keys(scores, gids).reshape(rows, n)
+
+
+@given(rows=st.integers(1, 4), n=st.integers(1, 70), k=st.integers(1, 90), data=st.data())
+def test_hypothesis_cpu(rows, n, k, data):
+    check(_random_keys(rows, n, data), k, "cpu")
+
+
+@pytest.mark.cuda
+@given(rows=st.integers(1, 4), n=st.integers(1, 70), k=st.integers(1, 90), data=st.data())
+def test_hypothesis_cuda(rows, n, k, data):
+    check(_random_keys(rows, n, data), k, "cuda")
 
 
 # ---------------------------------------------------------------------------------------
@@ -414,3 +466,20 @@ def test_no_jit_stack_at_run_time():
                          env=dict(os.environ))
     assert res.returncode == 0, res.stdout + res.stderr
     assert res.stdout.startswith("ok")
+
+
+@pytest.mark.cuda
+def test_cuda_offsets_beyond_2_pow_31_elements():
+    # Gathered [W=2, rows=2, K] candidates whose rank segments lie 2^31 + 64 elements
+    # apart (a 16 GiB buffer): the kernel must form 64-bit addresses.
+    seg = 2**31 + 64
+    K, k = 64, 48
+    big = torch.zeros(seg + 2 * K, dtype=torch.int64, device="cuda")
+    cands = big.as_strided((2, 2, K), (seg, K, 1))
+    want_src = make_keys("random", 2, 2 * K, seed=7)
+    cands.copy_(want_src.view(2, 2, K).transpose(0, 1))
+    got = dsa_ext.stable_topk_from_candidates(cands, k)
+    want = reference.stable_topk_from_candidates(cands.cpu(), k)
+    assert torch.equal(got.cpu(), want)
+    del big, cands
+    torch.cuda.empty_cache()

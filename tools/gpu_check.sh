@@ -56,10 +56,12 @@ step sanitizer sanitizer.log env DSA_EXT_HYPOTHESIS_PROFILE=sanitizer timeout 24
   compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 99 --target-processes all \
   "${PYTEST[@]}" -m cuda "$REPO/tests"
 # CUDA API errors are left to the ops' own checks: NCCL probes kernels of other archs.
-# The top-K sort orders some stages with warp barriers only: look for shared-memory races.
+# Shared-memory races: the top-K sort orders some stages with warp barriers only, and
+# the index conversion scans its run counts in shared memory.
 step racecheck sanitizer.log env DSA_EXT_HYPOTHESIS_PROFILE=sanitizer timeout 120 \
   compute-sanitizer --tool racecheck --error-exitcode 99 \
-  "${PYTEST[@]}" -m cuda -k "matches_reference and random" "$REPO/tests/test_stable_topk.py"
+  "${PYTEST[@]}" -m cuda -k "matches_reference and random" "$REPO/tests/test_stable_topk.py" \
+  "$REPO/tests/test_kv_index.py"
 # The sort skips slots past the gathered count: no read of shared memory nobody wrote.
 step initcheck sanitizer.log env DSA_EXT_HYPOTHESIS_PROFILE=sanitizer timeout 120 \
   compute-sanitizer --tool initcheck --report-api-errors no --error-exitcode 99 \

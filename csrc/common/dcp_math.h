@@ -95,9 +95,11 @@ struct DcpLayout {
 
 /*!
  * \brief Number of positions in [0, L) owned by rank r (the rank-local length of L).
- * \note  Plain integer arithmetic (no FastDiv): L may be any non-negative int64.
+ * \note  Plain integer arithmetic (no FastDiv): L may be any int64; a length <= 0 owns
+ *        no position (lengths are data: a negative one must still give a defined 0).
  */
 DSA_HD int64_t dcp_local_length(int64_t L, int64_t rank, int64_t world, int64_t interleave) {
+  if (L <= 0) return 0;
   const int64_t base = (L / (interleave * world)) * interleave;
   const int64_t rem = L - base * world - rank * interleave;
   return base + (rem < 0 ? 0 : (rem > interleave ? interleave : rem));

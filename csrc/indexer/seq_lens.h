@@ -40,16 +40,18 @@ DSA_HD int64_t find_segment(const Strided1D<const int32_t>& starts, int64_t B, i
 
 /*!
  * \brief Writes the rank-local lengths of L to row `row` of `out`: one column per rank
- *        (rank < 0) or the single column of `rank`.
+ *        (rank < 0) or the single column of `rank`. Never writes past out.cols.
  */
-DSA_HD void write_local_lengths(const Strided2D<int32_t>& out, int64_t row, int64_t L,
-                                int64_t rank, int64_t world, int64_t interleave) {
+template <typename T>
+DSA_HD void write_local_lengths(const Strided2D<T>& out, int64_t row, int64_t L, int64_t rank,
+                                int64_t world, int64_t interleave) {
   if (rank >= 0) {
-    out(row, 0) = static_cast<int32_t>(dcp_local_length(L, rank, world, interleave));
-  } else {
-    for (int64_t r = 0; r < world; ++r) {
-      out(row, r) = static_cast<int32_t>(dcp_local_length(L, r, world, interleave));
-    }
+    out(row, 0) = static_cast<T>(dcp_local_length(L, rank, world, interleave));
+    return;
+  }
+  const int64_t ranks = world < out.cols ? world : out.cols;
+  for (int64_t r = 0; r < ranks; ++r) {
+    out(row, r) = static_cast<T>(dcp_local_length(L, r, world, interleave));
   }
 }
 
@@ -73,14 +75,7 @@ struct LocalLensArgs {
 template <typename T>
 DSA_HD void local_lens_element(const Strided1D<const T>& lens, const Strided2D<T>& out,
                                const LocalLensArgs& a, int64_t i) {
-  const int64_t L = lens[i];
-  if (a.rank >= 0) {
-    out(i, 0) = static_cast<T>(dcp_local_length(L, a.rank, a.world, a.interleave));
-  } else {
-    for (int64_t r = 0; r < a.world; ++r) {
-      out(i, r) = static_cast<T>(dcp_local_length(L, r, a.world, a.interleave));
-    }
-  }
+  write_local_lengths(out, i, lens[i], a.rank, a.world, a.interleave);
 }
 
 void local_lens_cpu(const LocalLensArgs& args);

@@ -183,7 +183,11 @@ def _check_lse_merge(device: torch.device) -> None:
                  for r, o in enumerate(outs)]
     for r in range(W):
         def reduce_scatter(output, input, r=r):
-            output.copy_(sum(c[r] for c in corrected))
+            # This rank's corrected blocks come in through `input`; the others' were
+            # computed above, as the other ranks would.
+            blocks = [input.view(W, B, H // W, D) if w == r else corrected[w]
+                      for w in range(W)]
+            output.copy_(sum(b[r] for b in blocks))
         got, got_lse = dsa_ext.merge_attention_outputs(
             outs[r].to(device), lses[r].to(device), rank=r, world_size=W, return_lse=True,
             all_gather=lambda output, input: output.copy_(gathered),

@@ -6,6 +6,7 @@ be a host sync); data-dependent faults are the kernels' business (they write -1)
 """
 from __future__ import annotations
 
+import operator
 from typing import Optional, Sequence
 
 import torch
@@ -53,9 +54,14 @@ def dim_at_least(name: str, t: torch.Tensor, dim: int, minimum: int) -> None:
 
 def integer(name: str, value, minimum: Optional[int] = None,
             maximum: Optional[int] = INT32_MAX) -> int:
-    """Check a Python int (bool is refused) against an inclusive range."""
-    if isinstance(value, bool) or not isinstance(value, int):
+    """Check an integer (bool is refused; NumPy integers are taken) against an inclusive
+    range. A torch.SymInt (a size while torch.compile traces with dynamic shapes) passes:
+    its value is only known when the graph runs."""
+    if isinstance(value, torch.SymInt):
+        return value
+    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    value = operator.index(value)
     if minimum is not None and value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
     if maximum is not None and value > maximum:
@@ -64,14 +70,18 @@ def integer(name: str, value, minimum: Optional[int] = None,
 
 
 def dcp_layout(world_size, rank, interleave, block_size: Optional[int] = None,
-               names: Sequence[str] = ("dcp_world_size", "dcp_rank", "interleave")) -> None:
+               names: Sequence[str] = ("dcp_world_size", "dcp_rank", "interleave"),
+               all_ranks: bool = False) -> None:
     """Check a DCP layout (spec section 1): W >= 1, 0 <= rank < W, I >= 1, BS % I == 0.
 
-    `names` are the caller's argument names for (W, rank, I); rank None is not checked.
+    `names` are the caller's argument names for (W, rank, I). rank None ("every rank at
+    once") is accepted only where the caller says so with `all_ranks`.
     """
     w_name, r_name, i_name = names
     integer(w_name, world_size, 1)
     integer(i_name, interleave, 1)
+    if rank is None and not all_ranks:
+        raise TypeError(f"{r_name} must be an int, got None")
     if rank is not None:
         integer(r_name, rank, 0)
         if rank >= world_size:

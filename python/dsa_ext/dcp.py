@@ -29,7 +29,9 @@ def _local_seq_lens_impl(seq_lens: torch.Tensor, rank: Optional[int], world_size
     n = seq_lens.numel()
     cols = world_size if rank is None else 1
     flat = seq_lens.reshape(n)
-    if out.dim() == 1:
+    if out.dim() == 1 and rank is None:  # a 0-D length: one row of W columns
+        out_desc = (out.data_ptr(), 1, cols, 0, out.stride(0))
+    elif out.dim() == 1:
         out_desc = (out.data_ptr(), n, 1, out.stride(0), 1)
     elif out.dim() == 2 and rank is None:
         out_desc = _native.desc2(out)
@@ -86,7 +88,8 @@ def local_seq_lens(seq_lens: torch.Tensor, rank: Optional[int], world_size: int,
         tensor([[3, 2]])
     """
     _checks.int_tensor("seq_lens", seq_lens)
-    _checks.dcp_layout(world_size, rank, interleave, names=("world_size", "rank", "interleave"))
+    _checks.dcp_layout(world_size, rank, interleave, names=("world_size", "rank", "interleave"),
+                       all_ranks=True)
     shape = tuple(seq_lens.shape) + ((world_size,) if rank is None else ())
     if out is None:
         out = torch.empty(shape, dtype=seq_lens.dtype, device=seq_lens.device)
@@ -212,8 +215,15 @@ _UNFUSED: set = set()
 
 
 def _unsupported(err: Exception, backend: tuple) -> None:
-    """Remember a backend that lacks a fused collective; re-raise any other failure."""
-    if isinstance(err, NotImplementedError) or "support" in str(err):
+    """Remember a backend that lacks a fused collective; re-raise any other failure.
+
+    Only a backend that says it does not implement the collective counts (gloo:
+    "... does not support ..." at the call, before anything is sent); an error while a
+    CUDA graph is being captured is re-raised, never taken for a missing collective.
+    """
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        raise err
+    if isinstance(err, NotImplementedError) or "does not support" in str(err):
         _UNFUSED.add(backend)
         return
     raise err
@@ -522,6 +532,9 @@ def merge_attention_outputs(
         ...                                     group=dcp_group)   # [B, H/W, D]
     """
     _checks.tensor("out", out, ndim=3)
+    if out.dtype not in _OUT_DTYPES:  # checked before any collective: no rank may stall
+        raise TypeError(f"out must be float32 or bfloat16, got {out.dtype}")
+    _lse_base("lse_base", lse_base)
     _checks.tensor("lse", lse, torch.float32, 2, out.device)
     _checks.dcp_layout(world_size, rank, 1, names=("world_size", "rank", "interleave"))
     B, H, D = out.shape

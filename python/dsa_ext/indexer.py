@@ -97,23 +97,28 @@ def decode_path(capability_major_minor: Sequence[int], next_n: int,
 def _expand_impl(seq_lens: Tensor, num_reqs: int, query_start_loc: Optional[Tensor], next_n: int,
                  num_decode_tokens: int, compress_ratio: int, dcp_rank: Optional[int],
                  dcp_world_size: int, interleave: int, global_lens: Tensor,
-                 local_lens: Tensor, row_map: Tensor) -> None:
+                 local_lens: Optional[Tensor], row_map: Optional[Tensor]) -> None:
     Td = num_decode_tokens
-    local_desc = (local_lens.data_ptr(), Td, 1, local_lens.stride(0), 1) \
-        if local_lens.dim() == 1 else _native.desc2_prefix(local_lens, Td, local_lens.shape[1])
+    if local_lens is None:
+        local_desc = (0, 0, 0, 0, 0)
+    elif local_lens.dim() == 1:
+        local_desc = (local_lens.data_ptr(), Td, 1, local_lens.stride(0), 1)
+    else:
+        local_desc = _native.desc2_prefix(local_lens, Td, local_lens.shape[1])
+    row_map_desc = (0, 0, 0) if row_map is None else _native.desc1_prefix(row_map, Td)
     device, stream = _native.place(seq_lens)
     _C.expand_decode_seq_lens(
         _native.desc1_prefix(seq_lens, num_reqs), _native.desc1(query_start_loc), next_n, Td,
         compress_ratio,
         -1 if dcp_rank is None else dcp_rank, dcp_world_size, interleave,
-        _native.desc1_prefix(global_lens, Td), local_desc, _native.desc1_prefix(row_map, Td),
+        _native.desc1_prefix(global_lens, Td), local_desc, row_map_desc,
         device, stream)
 
 
 _expand_op = _native.define(
     "expand_decode_seq_lens(Tensor seq_lens, int num_reqs, Tensor? query_start_loc, int next_n, "
     "int num_decode_tokens, int compress_ratio, int? dcp_rank, int dcp_world_size, "
-    "int interleave, Tensor(a!) global_lens, Tensor(b!) local_lens, Tensor(c!) row_map) -> ()",
+    "int interleave, Tensor(a!) global_lens, Tensor(b!)? local_lens, Tensor(c!)? row_map) -> ()",
     _expand_impl, _native.no_result)
 
 
@@ -192,7 +197,7 @@ def decode_context_lens(
         _checks.same_length("query_start_loc", query_start_loc, "seq_lens plus one", B + 1,
                             at_least=True)
     _checks.integer("compress_ratio", compress_ratio, 1)
-    _checks.dcp_layout(dcp_world_size, dcp_rank, interleave)
+    _checks.dcp_layout(dcp_world_size, dcp_rank, interleave, all_ranks=True)
     Td = num_decode_tokens
     out = _buffer("out", out, Td, None, device)
     local_out = _buffer("local_out", local_out, Td,
@@ -209,7 +214,8 @@ def decode_row_ends(seq_lens: Tensor, next_n: int, *, out: Optional[Tensor] = No
         row_end[i] = max(S[i // next_n] - next_n + i % next_n + 1, 0)    i < B * next_n
 
     Args:
-        seq_lens: int32 ``[B]``. next_n: ``>= 1``. out: optional int32 ``[>= B*next_n]``.
+        seq_lens: int32 ``[B]``. next_n: ``>= 1``. out: optional int32 ``[>= B*next_n]``
+            (with it nothing is allocated).
 
     Returns:
         int32 ``[B * next_n]`` (a view of ``out`` when given).
@@ -221,7 +227,11 @@ def decode_row_ends(seq_lens: Tensor, next_n: int, *, out: Optional[Tensor] = No
     """
     _checks.tensor("seq_lens", seq_lens, torch.int32, 1)
     _checks.integer("next_n", next_n, 1)
-    return decode_context_lens(seq_lens, seq_lens.shape[0] * next_n, next_n=next_n, out=out)[0]
+    B = seq_lens.shape[0]
+    Td = B * next_n
+    out = _buffer("out", out, Td, None, seq_lens.device)
+    _native.call(_expand_op, seq_lens, B, None, next_n, Td, 1, 0, 1, 1, out, None, None)
+    return out[:Td]
 
 
 # ---------------------------------------------------------------------------------------
@@ -345,9 +355,13 @@ def plan_prefill_chunks(seq_lens: Sequence[int], query_start_loc: Sequence[int],
     A request's KV columns are its compressed length localized on rank 0, the largest
     share of any rank, so every rank plans the same chunks. A chunk takes requests while
     its KV columns stay ``<= max_kv_workspace`` and ``rows x KV columns x 4 bytes <=
-    max_logits_bytes``. A request that does not fit alone gets its own chunk(s), split
-    on the query dimension into slices of ``max(1, max_logits_bytes // (4 * kv))`` rows;
-    slices after the first have ``skip_kv_gather=True``.
+    max_logits_bytes``. A request whose logits do not fit alone gets its own chunk(s),
+    split on the query dimension into slices of ``max(1, max_logits_bytes // (4 * kv))``
+    rows; slices after the first have ``skip_kv_gather=True``.
+
+    Raises:
+        ValueError if one request's KV columns exceed ``max_kv_workspace`` (no split on
+        the query dimension makes its KV fit the workspace).
     """
     W, I = dcp_world_size, interleave
     plans: list[PrefillChunkPlan] = []
@@ -362,15 +376,18 @@ def plan_prefill_chunks(seq_lens: Sequence[int], query_start_loc: Sequence[int],
     for b in range(P):
         kv = _local_len(seq_lens[b] // compress_ratio, 0, W, I)
         q = query_start_loc[b + 1] - query_start_loc[b]
+        if kv > max_kv_workspace:
+            raise ValueError(f"max_kv_workspace ({max_kv_workspace}) must hold the KV of "
+                             f"every request: request {b} needs {kv} (local, compressed)")
         if (kv_cols + kv <= max_kv_workspace
                 and (rows + q) * (kv_cols + kv) * 4 <= max_logits_bytes):
             kv_cols, rows = kv_cols + kv, rows + q
             continue
         close(b)
         start, kv_cols, rows = b, kv, q
-        if kv <= max_kv_workspace and q * kv * 4 <= max_logits_bytes:
+        if q * kv * 4 <= max_logits_bytes:
             continue
-        # Oversized: its own chunk, split on the query dimension.
+        # Logits too large: its own chunk, split on the query dimension.
         step = max(1, max_logits_bytes // (4 * max(kv, 1)))
         t0, t1 = query_start_loc[b], query_start_loc[b + 1]
         for s in range(t0, max(t1, t0 + 1), step):

@@ -166,7 +166,9 @@ def safe_lengths(valid_counts: Tensor, indices: Optional[Tensor] = None) -> Tens
     if indices is not None:
         _checks.tensor("indices", indices, torch.int32, 2, valid_counts.device)
         _checks.dim_at_least("indices", indices, 1, 1)
-        _checks.shape("indices", indices[:, :1], (valid_counts.shape[0], 1))
+        if indices.shape[0] != valid_counts.shape[0]:
+            raise ValueError(f"indices must have {valid_counts.shape[0]} rows like "
+                             f"valid_counts, got shape {tuple(indices.shape)}")
         first = indices[:, 0]
         first.copy_(torch.where(valid_counts > 0, first, torch.zeros_like(first)))
     return valid_counts.clamp(min=1)

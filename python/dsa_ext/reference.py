@@ -33,7 +33,8 @@ def dcp_global_position(q, rank: int, world: int, interleave: int):
 
 
 def dcp_local_length(L, rank: int, world: int, interleave: int):
-    """Number of positions in [0, L) owned by `rank`."""
+    """Number of positions in [0, L) owned by `rank` (0 for L <= 0)."""
+    L = L.clamp(min=0) if isinstance(L, Tensor) else max(L, 0)
     base = (L // (interleave * world)) * interleave
     rem = L - base * world
     if isinstance(rem, Tensor):
