@@ -4,7 +4,7 @@ import math
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 import dsa_ext
@@ -105,14 +105,12 @@ def correction_cases(draw):
     return out, lses, draw(st.integers(0, W - 1)), draw(st.sampled_from(BASES))
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(correction_cases())
 def test_random_corrections_cpu(case):
     check_correction(torch.device("cpu"), *case)
 
 
 @pytest.mark.cuda
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(correction_cases())
 def test_random_corrections_cuda(case):
     check_correction(torch.device("cuda"), *case)

@@ -20,7 +20,7 @@ from typing import Callable, Optional
 import torch
 
 import dsa_ext
-from . import reference  # noqa: F401  (imported so the bench fails early on a bad install)
+from . import reference
 
 
 @dataclass

@@ -15,6 +15,7 @@ from typing import Optional, Sequence
 import torch
 
 from . import _C, _checks, _native
+from .reference import dcp_local_length  # the spec formula, for host-side sizes
 from .dcp import local_seq_lens
 
 Tensor = torch.Tensor
@@ -341,11 +342,6 @@ class PrefillChunkPlan:
     skip_kv_gather: bool  # a later query slice of a split request: its KV is gathered
 
 
-def _local_len(L: int, rank: int, world: int, interleave: int) -> int:
-    base = (L // (interleave * world)) * interleave
-    return base + min(max(L - base * world - rank * interleave, 0), interleave)
-
-
 def plan_prefill_chunks(seq_lens: Sequence[int], query_start_loc: Sequence[int], *,
                         max_kv_workspace: int, max_logits_bytes: int, compress_ratio: int = 1,
                         dcp_world_size: int = 1, interleave: int = 1
@@ -374,7 +370,7 @@ def plan_prefill_chunks(seq_lens: Sequence[int], query_start_loc: Sequence[int],
                                           query_start_loc[end], False))
 
     for b in range(P):
-        kv = _local_len(seq_lens[b] // compress_ratio, 0, W, I)
+        kv = dcp_local_length(seq_lens[b] // compress_ratio, 0, W, I)
         q = query_start_loc[b + 1] - query_start_loc[b]
         if kv > max_kv_workspace:
             raise ValueError(f"max_kv_workspace ({max_kv_workspace}) must hold the KV of "
@@ -642,8 +638,8 @@ class IndexerMetadataBuilder:
                 skip_kv_gather=p.skip_kv_gather, cu_seqlen_ks=ks, cu_seqlen_ke=ke,
                 token_to_seq=tts, cu_seq_lens=cu, local_cu_seq_lens=local_cu,
                 total_seq_lens=sum(kv_host),
-                local_total_seq_lens=sum(_local_len(k, r, W, I) for k in kv_host),
-                max_local_total_seq_lens=max(sum(_local_len(k, rr, W, I) for k in kv_host)
+                local_total_seq_lens=sum(dcp_local_length(k, r, W, I) for k in kv_host),
+                max_local_total_seq_lens=max(sum(dcp_local_length(k, rr, W, I) for k in kv_host)
                                              for rr in range(W))))
         return chunks
 
