@@ -13,7 +13,7 @@ import json
 import os
 
 FAMILIES = ("stable_topk",)
-ABI_VERSION = 1  # must match export.py and the parameter structs in csrc/dcp/
+ABI_VERSION = 2  # must match export.py and the parameter structs in csrc/dcp/
 
 
 def _bytes_literal(data: bytes) -> str:

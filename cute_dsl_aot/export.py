@@ -22,15 +22,16 @@ import tempfile
 
 ARCHS = ("sm_90a", "sm_100a")
 
-#: (name, threads per CTA, shared-memory key capacity, keys per thread in registers).
-#: The launcher picks the first variant with next_pow2(min(k, N)) <= capacity and
-#: N <= max_n (threads * keys per thread; unlimited for the streaming variants, 0).
-VARIANTS = (
-    ("r8_s4096", 1024, 4096, 8),
-    ("r16_s4096", 1024, 4096, 16),
-    ("g_s4096", 512, 4096, 0),
-    ("g_s16384", 1024, 16384, 0),
-)
+#: (name, threads per CTA, sort size S, keys per thread in registers, log2 of the keys
+#: per sorting thread). The launcher picks the first variant with
+#: next_pow2(min(k, N)) <= S and N <= max_n (threads * keys per thread; unlimited for the
+#: streaming variants, 0).
+VARIANTS = tuple(
+    (f"{kind}_s{size}", 1024, size, items, 3)
+    for size in (512, 1024, 2048, 4096, 8192)
+    for kind, items in (("r8", 8), ("r16", 16), ("g", 0))
+    if kind == "g" or size <= 4096
+) + (("g_s16384", 1024, 16384, 0, 4),)
 
 #: Kernel parameters in order, as the launcher must pass them. A dynamic cute.Tensor is
 #: passed by value as {void* data; int32 shape[#dynamic]; int64 stride[#dynamic]}.
@@ -38,9 +39,8 @@ PARAMS = [
     "cand: {const int64* data; int32 shape[3] (W, rows, K); int64 stride[3]}",
     "out: {int32* data; int32 shape[2] (rows, k); int64 stride[2]}",
     "sel: int32 = min(k, W*K)",
-    "n_sort: int32 = next_pow2(sel)",
 ]
-ABI_VERSION = 1
+ABI_VERSION = 2
 
 
 def export_arch(arch: str, out_dir: str, keep_ptx: bool = False) -> dict:
@@ -65,15 +65,15 @@ def export_arch(arch: str, out_dir: str, keep_ptx: bool = False) -> dict:
     options = f"--gpu-arch {arch} --keep-cubin --dump-dir {scratch}"
     if keep_ptx:
         options += " --keep-ptx"
-    for name, threads, max_sel, items in VARIANTS:
-        fn = stable_topk.make_stable_topk(threads, max_sel, items)
+    for name, threads, max_sel, items, log_r in VARIANTS:
+        fn = stable_topk.make_stable_topk(threads, max_sel, items, log_r)
         cand = make_fake_tensor(
             cutlass.Int64, (cute.sym_int(), cute.sym_int(), cute.sym_int()),
             stride=(cute.sym_int64(), cute.sym_int64(), cute.sym_int64()), assumed_align=8)
         out = make_fake_tensor(
             cutlass.Int32, (cute.sym_int(), cute.sym_int()),
             stride=(cute.sym_int64(), cute.sym_int64()), assumed_align=4)
-        compiled = cute.compile(fn, cand, out, Int32(1), Int32(1), cuda.CUstream(0),
+        compiled = cute.compile(fn, cand, out, Int32(1), cuda.CUstream(0),
                                 options=options)
         entries = list(compiled.kernel_info)
         if len(entries) != 1:

@@ -5,46 +5,44 @@ Each candidate is one int64 whose bits are the unsigned key
     key = (ordered(score_bits) << 32) | (~gid & 0xFFFFFFFF),   invalid candidate: key = 0
 
 so "score descending, then gid ascending, invalid last" is "key descending as an unsigned
-64-bit integer". Per row (one CTA per row), with ``sel = min(k, N)``:
+64-bit integer". One CTA per row; a variant sorts at most ``S = sort_size`` keys
+(a power of two). With ``sel = min(k, N)``:
 
 0. Key 0 (an invalid candidate) decodes to -1 like a shortfall slot, so the kernel
-   selects among the nonzero keys only: ``sel`` below stands for
-   ``sel_eff = min(min(k, N), number of nonzero keys)`` (from the first pass's histogram
-   total), and output positions ``>= sel_eff`` are -1.
+   selects among the nonzero keys only: ``sel_eff = min(sel, number of nonzero keys)``
+   (from the first pass's histogram total); output positions ``>= sel_eff`` are -1.
 1. Radix select, up to 8 passes of 8-bit digits from the top: a shared-memory histogram
-   of the digit of every nonzero key that matches the prefix found so far; one warp scans the 256
-   bins from the top and picks the digit holding the ``need``-th largest key. Result: a
-   masked prefix P (mask M) such that the top ``sel`` keys are all keys with
-   ``key & M > P`` plus ``need`` keys with ``key & M == P``. The select stops early, after
-   any pass, once the candidate set ``C = {key & M >= P}`` (the keys above the chosen bin
-   plus the whole bin, ``n_cand = sel - need + bucket`` keys) holds at most
-   ``stop_limit = min(max_sel, max(2 * n_sort, EARLY_STOP_MIN))`` keys: every key outside
-   C is smaller than every key in C, so the top ``sel`` keys of C are the answer (an exact
-   hit, ``bucket == need``, is the case ``n_cand == sel``). If it never stops, all 64 bits
-   were used: the ``need`` keys taken from the bin are equal, so which copies are taken
-   does not matter (``n_cand == sel``).
+   of the digit of every nonzero key that matches the prefix found so far (two
+   histograms used alternately, so a pass needs two CTA barriers); one warp scans the
+   256 bins from the top and picks the digit holding the ``need``-th largest key. Result:
+   a masked prefix P (mask M) such that the top ``sel_eff`` keys are all keys with
+   ``key & M > P`` plus ``need`` keys with ``key & M == P``. The select stops after the
+   first pass whose candidate set ``C = {key & M >= P}`` (``n_cand = sel_eff - need +
+   bucket`` keys) fits the sort (``n_cand <= S``): every key outside C is smaller than
+   every key in C, so the top ``sel_eff`` keys of C are the answer. If it never stops,
+   all 64 bits were used: the ``need`` keys taken from the bin are equal, so which copies
+   are taken does not matter (``n_cand == sel_eff``).
 2. Gather the ``n_cand`` keys into shared memory (warp-aggregated atomics; the order is
-   arbitrary, the set is exact). ``n_sort_dyn = max(2, next_pow2(n_cand))``.
-3. Bitonic sort descending in shared memory (keys stored with the top bit flipped so that
-   a signed compare is the unsigned order): an all-descending network over
-   ``n_sort_dyn`` slots that skips the compare-exchanges with the (virtual, key 0)
-   slots past ``n_cand``, and on its last level sorts only the top half when
-   ``sel <= n_sort_dyn / 2``.
-4. Write ``out[row, i]`` for ``i < k``: decoded gid of the i-th key, -1 for key 0 and for
-   ``i >= sel`` (sorted keys ``sel .. n_cand - 1`` are not written).
+   arbitrary, the set is exact), stored with the top bit flipped so that a signed compare
+   is the unsigned order; slots ``n_cand .. S-1`` get the smallest value (key 0).
+3. Bitonic sort of the S slots, descending, in registers: ``S >> log_r`` threads hold
+   ``2^log_r`` keys each; the stages run on registers and the keys pass through shared
+   memory only between windows of stages (``sort_plan.py``), with one barrier each.
+4. Write ``out[row, i]`` for ``i < k``: the decoded gid of the i-th key for
+   ``i < sel_eff``, else -1.
 
 Candidates are read as a 3-D tensor ``[W, rows, K]`` with arbitrary strides (row r's
 candidates are ``cand[w, r, :]`` for every w); a 2-D input is ``W = 1``. The output is a
 2-D int32 ``[rows, k]`` tensor with arbitrary strides.
 
-Variants differ in threads per CTA, the sort capacity ``max_sel`` and whether the row is
-loaded once into registers (``items_per_thread`` keys per thread, N at most
+Variants differ in threads per CTA, the sort size S and whether the row is loaded once
+into registers (``items_per_thread`` keys per thread, N at most
 ``num_threads * items_per_thread``) or streamed from global memory on every pass.
 
 Launch: grid ``(rows, 1, 1)``, block ``(num_threads, 1, 1)``, the dynamic shared memory
 from :func:`smem_bytes`; no cluster. The host guarantees ``rows >= 1``,
-``1 <= sel <= max_sel``, ``n_sort = max(2, next_pow2(sel)) <= max_sel`` and, for the
-register variants, ``N <= num_threads * items_per_thread``.
+``1 <= sel`` and ``next_pow2(sel) <= S`` and, for the register variants,
+``N <= num_threads * items_per_thread``.
 """
 from __future__ import annotations
 
@@ -52,12 +50,15 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Int64
 
+import sort_plan
+
 RADIX_BITS = 8
 NUM_BINS = 1 << RADIX_BITS
 NUM_PASSES = 64 // RADIX_BITS
-EARLY_STOP_MIN = 256  # the select may stop with up to this many candidates (see below)
 CTL_WORDS = 8  # shared control words: digit, above, bucket count, gt counter, eq counter
-SIGN_BIT = -(1 << 63)  # int64 with only the top bit set
+SIGN_BIT = -(1 << 63)  # int64 with only the top bit set; also the flipped key 0
+SORT_BARRIER = 1  # named barrier of the sorting threads
+SMEM_BUDGET = 200 * 1024  # two sort buffers when they fit, else one (two barriers a window)
 
 
 def _as_int64(u: int) -> int:
@@ -65,10 +66,22 @@ def _as_int64(u: int) -> int:
     return u - (1 << 64) if u >= (1 << 63) else u
 
 
-def smem_bytes(max_sel: int) -> int:
-    """Dynamic shared memory of a variant: keys, histogram, control words (in this order,
-    each 16-byte aligned)."""
-    return max_sel * 8 + NUM_BINS * 4 + CTL_WORDS * 4
+def _sort_buffers(sort_size: int) -> int:
+    return 2 if 2 * sort_size * 8 + NUM_BINS * 8 + CTL_WORDS * 4 <= SMEM_BUDGET else 1
+
+
+def smem_bytes(sort_size: int) -> int:
+    """Dynamic shared memory of a variant: sort buffers, two histograms, control words
+    (in this order, each 16-byte aligned)."""
+    return _sort_buffers(sort_size) * sort_size * 8 + 2 * NUM_BINS * 4 + CTL_WORDS * 4
+
+
+def _swizzle(e: Int32, m: int) -> Int32:
+    """sort_plan.swizzle on the device (only for m > 4 bits)."""
+    fold = e >> 4
+    for shift in range(8, m, 4):
+        fold = fold ^ (e >> shift)
+    return e ^ (fold & 15)
 
 
 @cute.jit
@@ -76,78 +89,158 @@ def _count_digit(key: Int64, valid: Int32, mask: Int64, prefix: Int64,
                  shift: cutlass.Constexpr[int], lanes_below: Int32, s_hist: cute.Tensor):
     """Step 1 for one key per thread (all 32 lanes of each warp call it together): if the
     key is valid, nonzero and ``key & mask == prefix``, count its digit ``(key >> shift) & 255``.
-    Lanes with the same digit are combined (match.any) into one shared atomic, so tied
-    rows do not serialize on one bin."""
+    A warp whose lanes all hold the same digit adds once (tied rows would otherwise
+    serialize 32 atomics on one bin); warps without a matching key skip the atomics."""
     digit = Int32(NUM_BINS)  # no bin
     if valid != 0:
         if key != 0:  # key 0 (invalid candidate) is never selected: it decodes to -1
             if (key & mask) == prefix:
                 digit = Int32((key >> shift) & (NUM_BINS - 1))
-    peers = Int32(cute.arch.match_sync(-1, digit))
-    if digit < NUM_BINS:
-        if (peers & lanes_below) == 0:  # the lowest lane of its group adds for all
-            cute.arch.atomic_add((s_hist.iterator + digit).llvm_ptr, cute.arch.popc(peers))
+    if cute.arch.vote_ballot_sync(digit < NUM_BINS) != 0:  # later passes: mostly none
+        leader = cute.arch.shuffle_sync(digit, 0)
+        if cute.arch.vote_all_sync(digit == leader):  # tied rows: one add for the warp
+            if lanes_below == 0:
+                if digit < NUM_BINS:
+                    cute.arch.atomic_add((s_hist.iterator + digit).llvm_ptr, Int32(32))
+        else:
+            if digit < NUM_BINS:
+                cute.arch.atomic_add((s_hist.iterator + digit).llvm_ptr, Int32(1))
 
 
 @cute.jit
-def _gather_one(key: Int64, in_row: Int32, mask: Int64, prefix: Int64, need: Int32,
-                num_above: Int32, lane: Int32, lanes_below: Int32, s_keys: cute.Tensor,
-                s_ctl: cute.Tensor):
-    """Step 2 for one key per thread (all 32 lanes of each warp call it together): nonzero
-    keys with ``key & mask > prefix`` (unsigned) go to ``s_keys[0, num_above)`` and the first
-    ``need`` keys with ``key & mask == prefix`` to ``s_keys[num_above, num_above + need)``
-    (the caller passes the number of bin keys to take), stored with
-    the top bit flipped. Slots come from warp-aggregated shared atomics (s_ctl[3], [4])."""
-    masked = key & mask
-    is_gt = Int32(0)
-    is_eq = Int32(0)
-    if in_row != 0:
-        if key != 0:  # key 0 is never gathered (the select runs over nonzero keys)
-            if (masked ^ Int64(SIGN_BIT)) > (prefix ^ Int64(SIGN_BIT)):  # unsigned >
-                is_gt = Int32(1)
-            if masked == prefix:
-                is_eq = Int32(1)
-    ballot_gt = cute.arch.vote_ballot_sync(is_gt != 0)
-    if ballot_gt != 0:
-        base = Int32(0)
-        if lane == 0:
-            base = cute.arch.atomic_add((s_ctl.iterator + 3).llvm_ptr,
-                                        cute.arch.popc(ballot_gt))
-        base = cute.arch.shuffle_sync(base, 0)
-        if is_gt != 0:
-            pos = base + cute.arch.popc(ballot_gt & lanes_below)
-            s_keys[pos] = key ^ Int64(SIGN_BIT)
-    ballot_eq = cute.arch.vote_ballot_sync(is_eq != 0)
-    if ballot_eq != 0:
-        base = Int32(0)
-        if lane == 0:
-            base = cute.arch.atomic_add((s_ctl.iterator + 4).llvm_ptr,
-                                        cute.arch.popc(ballot_eq))
-        base = cute.arch.shuffle_sync(base, 0)
-        if is_eq != 0:
-            rank = base + cute.arch.popc(ballot_eq & lanes_below)
-            if rank < need:
-                s_keys[num_above + rank] = key ^ Int64(SIGN_BIT)
+def _warp_slots(count: Int32, lane: Int32, s_ctl: cute.Tensor) -> Int32:
+    """First of `count` consecutive gather slots for this warp (one shared atomic on
+    s_ctl[3] by lane 0), broadcast to the warp."""
+    base = Int32(0)
+    if lane == 0:
+        if count != 0:
+            base = cute.arch.atomic_add((s_ctl.iterator + 3).llvm_ptr, count)
+    return cute.arch.shuffle_sync(base, 0)
 
 
-def make_stable_topk(num_threads: int, max_sel: int, items_per_thread: int = 0):
+@cute.jit
+def _store_flipped(hit: Int32, s_keys: cute.Tensor, slot: Int32, key: Int64):
+    if hit != 0:
+        s_keys[slot] = key ^ Int64(SIGN_BIT)
+
+
+def _gather(keys, valids, mask: Int64, prefix: Int64, strict: Int32, lane: Int32,
+            lanes_below: Int32, s_keys: cute.Tensor, s_ctl: cute.Tensor, m: int):
+    """Step 2 for a few keys per thread (all 32 lanes of each warp call it together):
+    every valid nonzero key with ``key & mask >= prefix`` (unsigned; ``>`` when `strict`)
+    goes to the next free slot of the gather buffer (at its swizzled address, top bit
+    flipped). One shared atomic per warp for all of its keys."""
+    lower = prefix ^ Int64(SIGN_BIT)  # signed compare of flipped values = unsigned
+    hits, ballots = [], []
+    count = Int32(0)
+    for key, valid in zip(keys, valids):
+        masked = key & mask
+        above = (masked ^ Int64(SIGN_BIT)) >= lower
+        exact = masked == prefix
+        hit = cutlass.select_(above, valid, Int32(0))
+        hit = cutlass.select_(key == 0, Int32(0), hit)
+        hit = Int32(cutlass.select_(exact, Int32(cutlass.select_(strict != 0, Int32(0), hit)),
+                                    hit))
+        ballot = cute.arch.vote_ballot_sync(hit != 0)
+        hits.append(hit)
+        ballots.append(ballot)
+        count = count + cute.arch.popc(ballot)
+    base = _warp_slots(count, lane, s_ctl)
+    for key, hit, ballot in zip(keys, hits, ballots):
+        _store_flipped(hit, s_keys, _swizzle(base + cute.arch.popc(ballot & lanes_below), m),
+                       key)
+        base = base + cute.arch.popc(ballot)
+
+
+@cute.jit
+def _write_gid(out: cute.Tensor, row: Int32, pos: Int32, k: Int32, sel_eff: Int32,
+               flipped: Int64):
+    """Step 4 for one sorted slot: out[row, pos] (if pos < k) = gid, or -1 past sel_eff."""
+    if pos < k:
+        gid = Int32(-1)
+        if pos < sel_eff:
+            gid = Int32(~(flipped ^ Int64(SIGN_BIT)))  # low 32 bits of ~key
+        out[row, pos] = gid
+
+
+def _deposit(tidx: Int32, layout: sort_plan.Layout) -> Int32:
+    """Element index bits of thread `tidx` in `layout` (its register bits zero)."""
+    e = Int32(0)
+    for s, w, d in layout.thread_runs():
+        e = e | (((tidx >> s) & ((1 << w) - 1)) << d)
+    return e
+
+
+def _register_sort(tidx: Int32, bufs, m: int, log_r: int, num_sorters: int, out: cute.Tensor,
+                   row: Int32, k: Int32, sel_eff: Int32):
+    """Steps 3 and 4, run by threads ``tidx < num_sorters`` only (plain Python: traced
+    once, fully unrolled). ``bufs[0]`` holds the gathered keys at their swizzled slots;
+    windows alternate between the buffers (or reuse one with an extra barrier)."""
+    windows = sort_plan.plan_windows(m, log_r)
+    regs = 1 << log_r
+    x = slots = None
+    for wi, win in enumerate(windows):
+        lay = win.layout
+        src = bufs[wi % len(bufs)]
+        if wi > 0:  # the previous window's keys go out at their own slots
+            if len(bufs) == 1:  # the readers of the last window are done: overwrite
+                cute.arch.barrier(barrier_id=SORT_BARRIER, number_of_threads=num_sorters)
+            for r in range(regs):
+                src[slots[r]] = x[r]
+            cute.arch.barrier(barrier_id=SORT_BARRIER, number_of_threads=num_sorters)
+        e_base = _deposit(tidx, lay)
+        e_reg = [lay.element(0, r) for r in range(regs)]
+        slot_base = _swizzle(e_base, m)  # the swizzle is xor-linear
+        slots = [slot_base ^ sort_plan.swizzle(e, m) for e in e_reg]
+        x = [src[slots[r]] for r in range(regs)]
+        ascending = {}  # runtime direction per level: bit L of the thread's elements
+        for L, j in win.stages:
+            ri = lay.reg_bits.index(j)
+            if L < m and L not in lay.reg_bits and L not in ascending:
+                ascending[L] = ((e_base >> L) & 1) != 0
+            for r in range(regs):
+                if (r >> ri) & 1:
+                    continue
+                r2 = r | (1 << ri)
+                a, b = x[r], x[r2]
+                if L == m:
+                    swap = a < b
+                elif L in lay.reg_bits:
+                    swap = a < b if not (e_reg[r] >> L) & 1 else b < a
+                else:
+                    swap = (a < b) != ascending[L]  # equal keys may swap: no change
+                x[r] = Int64(cutlass.select_(swap, b, a))
+                x[r2] = Int64(cutlass.select_(swap, a, b))
+    lay = windows[-1].layout
+    e_base = _deposit(tidx, lay)
+    for r in range(regs):
+        _write_gid(out, row, e_base | lay.element(0, r), k, sel_eff, x[r])
+
+
+def make_stable_topk(num_threads: int, sort_size: int, items_per_thread: int = 0,
+                     log_r: int = 3):
     """Build the kernel and its host launcher for one variant.
 
-    num_threads: threads per CTA (multiple of 32, >= NUM_BINS).
-    max_sel: capacity of the shared-memory key buffer (a power of two): the variant
-        handles rows with ``next_pow2(min(k, N)) <= max_sel``.
+    num_threads: threads per CTA (multiple of 32, >= NUM_BINS and >= the sorters).
+    sort_size: S, the number of keys the sort orders (a power of two, >= 512): the
+        variant handles rows with ``next_pow2(min(k, N)) <= S``.
     items_per_thread: 0 streams the row from global memory on every pass (any N); > 0
         loads it once into registers, ``items_per_thread`` keys per thread (N at most
         ``num_threads * items_per_thread``), and reads only registers afterwards.
+    log_r: the sort holds ``2^log_r`` keys per thread (``S >> log_r`` sorting threads).
     """
     assert num_threads % 32 == 0 and num_threads >= NUM_BINS
-    assert max_sel & (max_sel - 1) == 0 and max_sel >= 2
+    assert sort_size & (sort_size - 1) == 0 and sort_size >= 512
+    m = sort_size.bit_length() - 1
+    num_sorters = sort_size >> log_r
+    assert num_sorters % 32 == 0 and num_sorters <= num_threads
     NT = num_threads
     ITEMS = items_per_thread
-    log2_max_sel = max_sel.bit_length() - 1
+    S = sort_size
+    num_bufs = _sort_buffers(S)
 
     @cute.kernel
-    def stable_topk_kernel(cand: cute.Tensor, out: cute.Tensor, sel: Int32, n_sort: Int32):
+    def stable_topk_kernel(cand: cute.Tensor, out: cute.Tensor, sel: Int32):
         tidx, _, _ = cute.arch.thread_idx()
         row, _, _ = cute.arch.block_idx()
         lane = tidx % 32
@@ -156,25 +249,49 @@ def make_stable_topk(num_threads: int, max_sel: int, items_per_thread: int = 0):
         k = out.shape[1]
 
         smem = cutlass.utils.SmemAllocator()
-        s_keys = smem.allocate_tensor(Int64, cute.make_layout((max_sel,)), byte_alignment=16)
-        s_hist = smem.allocate_tensor(Int32, cute.make_layout((NUM_BINS,)), byte_alignment=16)
+        bufs = [smem.allocate_tensor(Int64, cute.make_layout((S,)), byte_alignment=16)
+                for _ in range(num_bufs)]
+        s_keys = bufs[0]
+        s_hists = [smem.allocate_tensor(Int32, cute.make_layout((NUM_BINS,)),
+                                        byte_alignment=16) for _ in range(2)]
         s_ctl = smem.allocate_tensor(Int32, cute.make_layout((CTL_WORDS,)), byte_alignment=16)
 
         if tidx < CTL_WORDS:
             s_ctl[tidx] = Int32(0)
+        if tidx < NUM_BINS:
+            s_hists[0][tidx] = Int32(0)
 
         # Register-resident variants: key j of this thread is the row's flat candidate
         # f = j * NT + tidx (f = w * K + c); slots with f >= N load a clamped duplicate
         # and are skipped by every pass.
+        # The (segment, column) of f steps by NT per item: one division per thread, and
+        # the element offset follows with 64-bit adds.
         n_total = num_segments * seg_len
         regs = []
         if cutlass.const_expr(ITEMS > 0):
+            seg_stride, row_stride, col_stride = cand.stride
+            step_seg = NT // seg_len
+            step_col = NT - step_seg * seg_len
+            item_step = Int64(step_seg) * seg_stride + Int64(step_col) * col_stride
+            wrap_step = seg_stride - Int64(seg_len) * col_stride
+            row_off = Int64(row) * row_stride
+            last_off = Int64(num_segments - 1) * seg_stride + Int64(seg_len - 1) * col_stride
+            cur_seg = tidx // seg_len
+            cur_col = tidx - cur_seg * seg_len
+            cur_off = Int64(cur_seg) * seg_stride + Int64(cur_col) * col_stride
             for j in cutlass.range_constexpr(ITEMS):
-                flat = cutlass.min(j * NT + tidx, n_total - 1)
-                seg = flat // seg_len
-                regs.append(cand[seg, row, flat - seg * seg_len])
+                at = Int64(cutlass.select_(cur_seg < num_segments, cur_off, last_off)) + row_off
+                regs.append(cute.make_tensor(cand.iterator + at, cute.make_layout(1))[0])
+                cur_col = cur_col + step_col
+                cur_seg = cur_seg + step_seg
+                cur_off = cur_off + item_step
+                wrap = cur_col >= seg_len
+                cur_col = Int32(cutlass.select_(wrap, cur_col - seg_len, cur_col))
+                cur_seg = Int32(cutlass.select_(wrap, cur_seg + 1, cur_seg))
+                cur_off = Int64(cutlass.select_(wrap, cur_off + wrap_step, cur_off))
 
         # ---- 1. radix select --------------------------------------------------------
+        cute.arch.sync_threads()  # control words and the first histogram are zero
         lanes_below = Int32(cute.arch.lanemask_lt())
         prefix = Int64(0)
         mask = Int64(0)
@@ -182,16 +299,15 @@ def make_stable_topk(num_threads: int, max_sel: int, items_per_thread: int = 0):
         need = sel
         take = sel  # keys taken from the chosen bin (set when the select stops)
         active = Int32(1)
-        # Candidate-set bound for the early stop: the sort buffer, and at most twice the
-        # exact sort size (n_sort = next_pow2(sel)) or EARLY_STOP_MIN keys.
-        stop_limit = cutlass.min(cutlass.max(n_sort * 2, Int32(EARLY_STOP_MIN)),
-                                 Int32(max_sel))
         for p in cutlass.range_constexpr(NUM_PASSES):
             shift = 64 - RADIX_BITS * (p + 1)
+            s_hist = s_hists[p % 2]
             if active != 0:
-                if tidx < NUM_BINS:
-                    s_hist[tidx] = Int32(0)
-                cute.arch.sync_threads()
+                # This pass counts into s_hist (zeroed before the last barrier) and
+                # zeroes the other histogram, which the previous pass's scan is done with.
+                if cutlass.const_expr(p + 1 < NUM_PASSES):
+                    if tidx < NUM_BINS:
+                        s_hists[(p + 1) % 2][tidx] = Int32(0)
                 if cutlass.const_expr(ITEMS > 0):
                     for jr in cutlass.range_constexpr(ITEMS):
                         rvalid = Int32(0)
@@ -260,105 +376,49 @@ def make_stable_topk(num_threads: int, max_sel: int, items_per_thread: int = 0):
                 prefix = prefix | (Int64(digit_sel) << shift)
                 mask = Int64(_as_int64(((1 << (RADIX_BITS * (p + 1))) - 1) << shift))
                 need = need - above
-                # Early stop once every key with key & mask >= prefix (the ``num_above``
-                # keys above the bin plus the whole bin) fits the sort: the top ``sel``
-                # of those are the answer. An exact hit (bucket == need) always fits.
-                if (sel_eff - need) + bucket <= stop_limit:
+                # Stop once every key with key & mask >= prefix (the ``num_above`` keys
+                # above the bin plus the whole bin) fits the sort: the top ``sel`` of
+                # those are the answer. An exact hit (bucket == need) always fits.
+                if (sel_eff - need) + bucket <= S:
                     take = bucket
                     active = Int32(0)
-        if active != 0:
-            take = need  # all 64 bits used: the bin's keys are equal, any ``need`` do
-
-        # ---- 2. gather the selected keys --------------------------------------------
+        # ---- 2. gather the selected keys, pad the rest of the sort ---------------------
+        # Stopped: gather every key with key & mask >= prefix (n_cand of them). All 64
+        # bits used (active): the ``need`` keys taken from the bin all equal the prefix,
+        # so gather the keys above it and write ``need`` copies of the prefix.
         num_above = sel_eff - need
-        n_cand = num_above + take  # sel_eff <= n_cand <= max_sel (n_cand may be 0)
-        # Sort size: max(2, next_pow2(n_cand)) <= max_sel (uniform across the CTA).
-        n_sort_dyn = Int32(2)
-        for lg in cutlass.range_constexpr(1, log2_max_sel):
-            if n_cand > (1 << lg):
-                n_sort_dyn = Int32(1 << (lg + 1))
+        n_cand = num_above + take
+        if active != 0:
+            n_cand = sel_eff
+        fill_from = cutlass.select_(active != 0, num_above, n_cand)
+        for i in cutlass.range(fill_from + tidx, S, NT):
+            s_keys[_swizzle(i, m)] = Int64(cutlass.select_(i < n_cand,
+                                                           prefix ^ Int64(SIGN_BIT),
+                                                           Int64(SIGN_BIT)))
         if cutlass.const_expr(ITEMS > 0):
-            for jr in cutlass.range_constexpr(ITEMS):
-                rin_row = Int32(0)
-                if jr * NT + tidx < n_total:
-                    rin_row = Int32(1)
-                _gather_one(regs[jr], rin_row, mask, prefix, take, num_above, lane, lanes_below,
-                            s_keys, s_ctl)
+            _gather(regs, [Int32(cutlass.select_(jr * NT + tidx < n_total, Int32(1), Int32(0)))
+                           for jr in range(ITEMS)],
+                    mask, prefix, active, lane, lanes_below, s_keys, s_ctl, m)
         else:
             for w in cutlass.range(num_segments):
                 for c0 in cutlass.range(0, seg_len, NT):
                     c = c0 + tidx
-                    key = Int64(0)
-                    in_row = Int32(0)
-                    if c < seg_len:
-                        key = cand[w, row, c]
-                        in_row = Int32(1)
-                    _gather_one(key, in_row, mask, prefix, take, num_above, lane,
-                                lanes_below, s_keys, s_ctl)
+                    in_row = Int32(cutlass.select_(c < seg_len, Int32(1), Int32(0)))
+                    key = cand[w, row, cutlass.min(c, seg_len - 1)]
+                    _gather([key], [in_row], mask, prefix, active, lane, lanes_below,
+                            s_keys, s_ctl, m)
         cute.arch.sync_threads()
 
-        # ---- 3. bitonic sort, descending --------------------------------------------
-        # All-descending bitonic network over n_sort_dyn slots: level ``size`` starts
-        # with a flip stage (slot lo = block + j against hi = block + size - 1 - j =
-        # lo ^ (size - 1), j < size / 2), then half-cleaners with strides size/4 .. 1
-        # (lo against lo + stride); every compare-exchange puts the larger key at lo.
-        # Slots n_cand .. n_sort_dyn - 1 stand for key 0 (the smallest key): a
-        # compare-exchange with hi >= n_cand would be a no-op on them, so it is skipped
-        # and those slots are never read or written (no padding).
-        # On the final level (size == n_sort_dyn) the flip stage leaves the top half of
-        # the keys in slots [0, half) as a bitonic sequence; when sel <= half only that
-        # half is sorted further (i < half / 2).
-        # Compare-exchange i of a stage with stride s <= 32 (a flip stage counts as
-        # stride size / 2) touches elements inside the 64-element block
-        # 2 * (i & ~31) + [0, 64): the 32 lanes of a warp (consecutive i, 32-aligned since
-        # NT % 32 == 0) own that block alone. Between two such stages a warp barrier
-        # orders the shared-memory accesses; a CTA barrier is needed only around stages
-        # with stride > 32.
-        half = n_sort_dyn >> 1
-        lim_last = half
-        if sel_eff <= half:
-            lim_last = half >> 1
-        for lvl in cutlass.range_constexpr(1, log2_max_sel + 1):
-            size = 1 << lvl
-            if size <= n_sort_dyn:
-                lim = half
-                if size == n_sort_dyn:
-                    lim = lim_last
-                for sl in cutlass.range_constexpr(lvl - 1, -1, -1):
-                    stride = 1 << sl
-                    i_end = half if sl == lvl - 1 else lim
-                    for i in cutlass.range(tidx, i_end, NT):
-                        lo = ((i >> sl) << (sl + 1)) | (i & (stride - 1))
-                        hi = lo + stride
-                        if cutlass.const_expr(sl == lvl - 1):
-                            hi = lo ^ (size - 1)  # flip stage
-                        if hi < n_cand:
-                            a = s_keys[lo]
-                            b = s_keys[hi]
-                            if a < b:
-                                s_keys[lo] = b
-                                s_keys[hi] = a
-                    next_stride = stride >> 1 if sl > 0 else size  # next level: size
-                    if cutlass.const_expr(stride > 32 or next_stride > 32):
-                        cute.arch.sync_threads()
-                    else:
-                        cute.arch.sync_warp()
-        cute.arch.sync_threads()  # the last level run may have ended on a warp barrier
-
-        # ---- 4. decode and write --------------------------------------------------------
-        for i in cutlass.range(tidx, k, NT):
-            gid = Int32(-1)
-            if i < sel_eff:
-                key = s_keys[i] ^ Int64(SIGN_BIT)
-                if key != 0:
-                    gid = Int32(~key)  # low 32 bits of ~key
-            out[row, i] = gid
+        # ---- 3 + 4. register bitonic sort, decode and write ------------------------------
+        if tidx < num_sorters:
+            _register_sort(tidx, bufs, m, log_r, num_sorters, out, row, k, sel_eff)
+        for i in cutlass.range(S + tidx, k, NT):  # k > S: slots past the sort
+            out[row, i] = Int32(-1)
 
     @cute.jit
-    def stable_topk(cand: cute.Tensor, out: cute.Tensor, sel: Int32, n_sort: Int32,
-                    stream):
+    def stable_topk(cand: cute.Tensor, out: cute.Tensor, sel: Int32, stream):
         rows = cand.shape[1]
-        stable_topk_kernel(cand, out, sel, n_sort).launch(
+        stable_topk_kernel(cand, out, sel).launch(
             grid=(rows, 1, 1), block=(NT, 1, 1), stream=stream)
 
     return stable_topk

@@ -133,12 +133,14 @@ def test_one_row_large(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kind", ["ties", "random"])
-@pytest.mark.parametrize("n,k", [(4096, 4096), (8192, 2048), (8193, 2048), (16384, 4096),
-                                 (16385, 100), (30000, 4096), (4097, 4097), (5000, 4100),
-                                 (20000, 8192), (16384, 16384), (9000, 20000)])
+@pytest.mark.parametrize("n,k", [(8192, 512), (8193, 513), (16384, 1024), (16385, 1025),
+                                 (8192, 2048), (8193, 2048), (16384, 2049), (4096, 4096),
+                                 (16384, 4096), (16385, 100), (30000, 4096), (4097, 4097),
+                                 (5000, 4100), (20000, 8192), (16384, 8193), (16384, 16384),
+                                 (9000, 20000)])
 def test_variant_boundaries(device, kind, n, k):
     """Around the limits of the CUDA variants (cute_dsl_aot/export.py VARIANTS): keys in
-    registers for N <= 8192 and N <= 16384, streamed beyond; 4096 or 16384 sorted keys."""
+    registers for N <= 8192 and N <= 16384, streamed beyond; sort sizes 512 to 16384."""
     check(make_keys(kind, 2, n, seed=3), k, device)
 
 

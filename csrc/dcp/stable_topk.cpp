@@ -14,7 +14,7 @@ namespace {
 // Kernel parameters as CuTeDSL passes a dynamic cute.Tensor by value:
 // {data; int32 shape[#dynamic modes]; int64 stride[#dynamic modes]} (all modes dynamic
 // here). Checked against the cubin's parameter table (cuobjdump -elf: KPARAM_INFO sizes
-// 0x30 and 0x20 at offsets 0x0 and 0x30, then sel at 0x50 and n_sort at 0x54).
+// 0x30 and 0x20 at offsets 0x0 and 0x30, then sel at 0x50).
 struct CandParam {
   const int64_t* data;
   int32_t shape[3];  // (W, rows, K)
@@ -60,8 +60,7 @@ void stable_topk_cuda(const TopkCandidates& cand, const Strided2D<int32_t>& out,
              {static_cast<int32_t>(out.rows), static_cast<int32_t>(out.cols)},
              {out.row_stride, out.col_stride}};
   int32_t sel32 = static_cast<int32_t>(sel);
-  int32_t n_sort32 = static_cast<int32_t>(n_sort);
-  void* params[] = {&c, &o, &sel32, &n_sort32};
+  void* params[] = {&c, &o, &sel32};
   launch_kernel(*chosen, static_cast<unsigned>(cand.rows),
                 reinterpret_cast<void*>(static_cast<uintptr_t>(place.stream)), params);
 }
