@@ -24,8 +24,8 @@ ARCHS = ("sm_90a", "sm_100a")
 
 #: (name, threads per CTA, sort size S, keys per thread in registers, log2 of the keys
 #: per sorting thread). The launcher picks the first variant with
-#: next_pow2(min(k, N)) <= S and N <= max_n (threads * keys per thread; unlimited for the
-#: streaming variants, 0).
+#: next_pow2(min(k, N)) <= S and W * ceil(K / threads) <= keys_per_thread (0: streamed,
+#: any N).
 VARIANTS = tuple(
     (f"{kind}_s{size}", 1024, size, items, 3)
     for size in (512, 1024, 2048, 4096, 8192)
@@ -65,8 +65,8 @@ def export_arch(arch: str, out_dir: str, keep_ptx: bool = False) -> dict:
     options = f"--gpu-arch {arch} --keep-cubin --dump-dir {scratch}"
     if keep_ptx:
         options += " --keep-ptx"
-    for name, threads, max_sel, items, log_r in VARIANTS:
-        fn = stable_topk.make_stable_topk(threads, max_sel, items, log_r)
+    for name, threads, sort_size, items, log_r in VARIANTS:
+        fn = stable_topk.make_stable_topk(threads, sort_size, items, log_r)
         cand = make_fake_tensor(
             cutlass.Int64, (cute.sym_int(), cute.sym_int(), cute.sym_int()),
             stride=(cute.sym_int64(), cute.sym_int64(), cute.sym_int64()), assumed_align=8)
@@ -90,9 +90,9 @@ def export_arch(arch: str, out_dir: str, keep_ptx: bool = False) -> dict:
             "entry": entries[0],
             "block": [threads, 1, 1],
             "cluster": [1, 1, 1],
-            "dynamic_smem": stable_topk.smem_bytes(max_sel),
-            "max_sel": max_sel,
-            "max_n": threads * items,
+            "dynamic_smem": stable_topk.smem_bytes(sort_size),
+            "sort_size": sort_size,
+            "keys_per_thread": items,
         })
     manifest = {"arch": arch, "abi_version": ABI_VERSION, "params": PARAMS,
                 "variants": variants}

@@ -36,13 +36,14 @@ candidates are ``cand[w, r, :]`` for every w); a 2-D input is ``W = 1``. The out
 2-D int32 ``[rows, k]`` tensor with arbitrary strides.
 
 Variants differ in threads per CTA, the sort size S and whether the row is loaded once
-into registers (``items_per_thread`` keys per thread, N at most
-``num_threads * items_per_thread``) or streamed from global memory on every pass.
+into registers (``items_per_thread`` keys per thread: one per segment and block-wide chunk
+of it, so ``W * ceil(K / num_threads) <= items_per_thread``) or streamed from global
+memory on every pass.
 
 Launch: grid ``(rows, 1, 1)``, block ``(num_threads, 1, 1)``, the dynamic shared memory
 from :func:`smem_bytes`; no cluster. The host guarantees ``rows >= 1``,
 ``1 <= sel`` and ``next_pow2(sel) <= S`` and, for the register variants,
-``N <= num_threads * items_per_thread``.
+``W * ceil(K / num_threads) <= items_per_thread``.
 """
 from __future__ import annotations
 
@@ -58,7 +59,8 @@ NUM_PASSES = 64 // RADIX_BITS
 CTL_WORDS = 8  # shared control words: digit, above, bucket count, gt counter, eq counter
 SIGN_BIT = -(1 << 63)  # int64 with only the top bit set; also the flipped key 0
 SORT_BARRIER = 1  # named barrier of the sorting threads
-SMEM_BUDGET = 200 * 1024  # two sort buffers when they fit, else one (two barriers a window)
+SMEM_BUDGET = 200 * 1024
+GATHER_GROUP = 8  # register keys gathered per warp atomic (their hits and ballots stay live)  # two sort buffers when they fit, else one (two barriers a window)
 
 
 def _as_int64(u: int) -> int:
@@ -85,17 +87,16 @@ def _swizzle(e: Int32, m: int) -> Int32:
 
 
 @cute.jit
-def _count_digit(key: Int64, valid: Int32, mask: Int64, prefix: Int64,
+def _count_digit(key: Int64, mask: Int64, prefix: Int64,
                  shift: cutlass.Constexpr[int], lanes_below: Int32, s_hist: cute.Tensor):
     """Step 1 for one key per thread (all 32 lanes of each warp call it together): if the
-    key is valid, nonzero and ``key & mask == prefix``, count its digit ``(key >> shift) & 255``.
+    key is nonzero and ``key & mask == prefix``, count its digit ``(key >> shift) & 255``.
     A warp whose lanes all hold the same digit adds once (tied rows would otherwise
     serialize 32 atomics on one bin); warps without a matching key skip the atomics."""
     digit = Int32(NUM_BINS)  # no bin
-    if valid != 0:
-        if key != 0:  # key 0 (invalid candidate) is never selected: it decodes to -1
-            if (key & mask) == prefix:
-                digit = Int32((key >> shift) & (NUM_BINS - 1))
+    if key != 0:  # key 0 (invalid candidate, or no candidate) is never selected
+        if (key & mask) == prefix:
+            digit = Int32((key >> shift) & (NUM_BINS - 1))
     if cute.arch.vote_ballot_sync(digit < NUM_BINS) != 0:  # later passes: mostly none
         leader = cute.arch.shuffle_sync(digit, 0)
         if cute.arch.vote_all_sync(digit == leader):  # tied rows: one add for the warp
@@ -124,20 +125,20 @@ def _store_flipped(hit: Int32, s_keys: cute.Tensor, slot: Int32, key: Int64):
         s_keys[slot] = key ^ Int64(SIGN_BIT)
 
 
-def _gather(keys, valids, mask: Int64, prefix: Int64, strict: Int32, lane: Int32,
+def _gather(keys, mask: Int64, prefix: Int64, strict: Int32, lane: Int32,
             lanes_below: Int32, s_keys: cute.Tensor, s_ctl: cute.Tensor, m: int):
     """Step 2 for a few keys per thread (all 32 lanes of each warp call it together):
-    every valid nonzero key with ``key & mask >= prefix`` (unsigned; ``>`` when `strict`)
+    every nonzero key with ``key & mask >= prefix`` (unsigned; ``>`` when `strict`)
     goes to the next free slot of the gather buffer (at its swizzled address, top bit
-    flipped). One shared atomic per warp for all of its keys."""
+    flipped). One shared atomic per warp for all of these keys."""
     lower = prefix ^ Int64(SIGN_BIT)  # signed compare of flipped values = unsigned
     hits, ballots = [], []
     count = Int32(0)
-    for key, valid in zip(keys, valids):
+    for key in keys:
         masked = key & mask
         above = (masked ^ Int64(SIGN_BIT)) >= lower
         exact = masked == prefix
-        hit = cutlass.select_(above, valid, Int32(0))
+        hit = cutlass.select_(above, Int32(1), Int32(0))
         hit = cutlass.select_(key == 0, Int32(0), hit)
         hit = Int32(cutlass.select_(exact, Int32(cutlass.select_(strict != 0, Int32(0), hit)),
                                     hit))
@@ -225,8 +226,8 @@ def make_stable_topk(num_threads: int, sort_size: int, items_per_thread: int = 0
     sort_size: S, the number of keys the sort orders (a power of two, >= 512): the
         variant handles rows with ``next_pow2(min(k, N)) <= S``.
     items_per_thread: 0 streams the row from global memory on every pass (any N); > 0
-        loads it once into registers, ``items_per_thread`` keys per thread (N at most
-        ``num_threads * items_per_thread``), and reads only registers afterwards.
+        loads it once into registers, ``items_per_thread`` keys per thread (at most
+        that many (segment, block-wide chunk) pairs), and reads only registers afterwards.
     log_r: the sort holds ``2^log_r`` keys per thread (``S >> log_r`` sorting threads).
     """
     assert num_threads % 32 == 0 and num_threads >= NUM_BINS
@@ -261,34 +262,28 @@ def make_stable_topk(num_threads: int, sort_size: int, items_per_thread: int = 0
         if tidx < NUM_BINS:
             s_hists[0][tidx] = Int32(0)
 
-        # Register-resident variants: key j of this thread is the row's flat candidate
-        # f = j * NT + tidx (f = w * K + c); slots with f >= N load a clamped duplicate
-        # and are skipped by every pass.
-        # The (segment, column) of f steps by NT per item: one division per thread, and
-        # the element offset follows with 64-bit adds.
-        n_total = num_segments * seg_len
+        # Register-resident variants: key j of this thread is cand[w, row, c0 + tidx] for
+        # the j-th (segment w, chunk c0) pair in order (c0 = 0, NT, ... < K); the host
+        # guarantees W * ceil(K / NT) <= ITEMS. Slots past the row hold key 0, which no
+        # pass counts. The pair steps with uniform arithmetic: one add per key.
         regs = []
         if cutlass.const_expr(ITEMS > 0):
             seg_stride, row_stride, col_stride = cand.stride
-            step_seg = NT // seg_len
-            step_col = NT - step_seg * seg_len
-            item_step = Int64(step_seg) * seg_stride + Int64(step_col) * col_stride
-            wrap_step = seg_stride - Int64(seg_len) * col_stride
             row_off = Int64(row) * row_stride
-            last_off = Int64(num_segments - 1) * seg_stride + Int64(seg_len - 1) * col_stride
-            cur_seg = tidx // seg_len
-            cur_col = tidx - cur_seg * seg_len
-            cur_off = Int64(cur_seg) * seg_stride + Int64(cur_col) * col_stride
+            thread_off = row_off + Int64(tidx) * col_stride
+            seg_i = Int32(0)
+            chunk0 = Int32(0)
             for j in cutlass.range_constexpr(ITEMS):
-                at = Int64(cutlass.select_(cur_seg < num_segments, cur_off, last_off)) + row_off
-                regs.append(cute.make_tensor(cand.iterator + at, cute.make_layout(1))[0])
-                cur_col = cur_col + step_col
-                cur_seg = cur_seg + step_seg
-                cur_off = cur_off + item_step
-                wrap = cur_col >= seg_len
-                cur_col = Int32(cutlass.select_(wrap, cur_col - seg_len, cur_col))
-                cur_seg = Int32(cutlass.select_(wrap, cur_seg + 1, cur_seg))
-                cur_off = Int64(cutlass.select_(wrap, cur_off + wrap_step, cur_off))
+                inside = (chunk0 + tidx < seg_len) & (seg_i < num_segments)
+                at = Int64(seg_i) * seg_stride + Int64(chunk0) * col_stride + thread_off
+                loaded = cute.make_tensor(
+                    cand.iterator + Int64(cutlass.select_(inside, at, row_off)),
+                    cute.make_layout(1))[0]
+                regs.append(Int64(cutlass.select_(inside, loaded, Int64(0))))
+                chunk0 = chunk0 + NT
+                wrap = chunk0 >= seg_len
+                chunk0 = Int32(cutlass.select_(wrap, Int32(0), chunk0))
+                seg_i = Int32(cutlass.select_(wrap, seg_i + 1, seg_i))
 
         # ---- 1. radix select --------------------------------------------------------
         cute.arch.sync_threads()  # control words and the first histogram are zero
@@ -310,22 +305,15 @@ def make_stable_topk(num_threads: int, sort_size: int, items_per_thread: int = 0
                         s_hists[(p + 1) % 2][tidx] = Int32(0)
                 if cutlass.const_expr(ITEMS > 0):
                     for jr in cutlass.range_constexpr(ITEMS):
-                        rvalid = Int32(0)
-                        if jr * NT + tidx < n_total:
-                            rvalid = Int32(1)
-                        _count_digit(regs[jr], rvalid, mask, prefix, shift, lanes_below,
-                                     s_hist)
+                        _count_digit(regs[jr], mask, prefix, shift, lanes_below, s_hist)
                 else:
                     for w in cutlass.range(num_segments):
                         for c0 in cutlass.range(0, seg_len, NT):
                             c = c0 + tidx
                             key = Int64(0)
-                            valid = Int32(0)
                             if c < seg_len:
                                 key = cand[w, row, c]
-                                valid = Int32(1)
-                            _count_digit(key, valid, mask, prefix, shift, lanes_below,
-                                         s_hist)
+                            _count_digit(key, mask, prefix, shift, lanes_below, s_hist)
                 cute.arch.sync_threads()
                 if tidx < 32:
                     # Lane l owns bins 255-8l .. 248-8l (descending): an inclusive scan
@@ -396,17 +384,17 @@ def make_stable_topk(num_threads: int, sort_size: int, items_per_thread: int = 0
                                                            prefix ^ Int64(SIGN_BIT),
                                                            Int64(SIGN_BIT)))
         if cutlass.const_expr(ITEMS > 0):
-            _gather(regs, [Int32(cutlass.select_(jr * NT + tidx < n_total, Int32(1), Int32(0)))
-                           for jr in range(ITEMS)],
-                    mask, prefix, active, lane, lanes_below, s_keys, s_ctl, m)
+            for g0 in cutlass.range_constexpr(0, ITEMS, GATHER_GROUP):
+                _gather(regs[g0:g0 + GATHER_GROUP], mask, prefix, active, lane, lanes_below,
+                        s_keys, s_ctl, m)
         else:
             for w in cutlass.range(num_segments):
                 for c0 in cutlass.range(0, seg_len, NT):
                     c = c0 + tidx
-                    in_row = Int32(cutlass.select_(c < seg_len, Int32(1), Int32(0)))
-                    key = cand[w, row, cutlass.min(c, seg_len - 1)]
-                    _gather([key], [in_row], mask, prefix, active, lane, lanes_below,
-                            s_keys, s_ctl, m)
+                    key = Int64(0)
+                    if c < seg_len:
+                        key = cand[w, row, c]
+                    _gather([key], mask, prefix, active, lane, lanes_below, s_keys, s_ctl, m)
         cute.arch.sync_threads()
 
         # ---- 3 + 4. register bitonic sort, decode and write ------------------------------

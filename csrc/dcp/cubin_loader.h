@@ -23,7 +23,7 @@ struct EmbeddedKernel {
   unsigned cluster[3];
   unsigned dynamic_smem;  // bytes
   int64_t capacity;       // stable_topk: most keys the shared-memory sort holds
-  int64_t max_n;          // stable_topk: most candidates per row (0: any)
+  int64_t keys_per_thread;  // stable_topk: register slots per thread (0: row streamed)
 };
 
 extern const EmbeddedKernel kEmbeddedKernels[];

@@ -44,7 +44,9 @@ void stable_topk_cuda(const TopkCandidates& cand, const Strided2D<int32_t>& out,
   const LoadedKernel* chosen = nullptr;
   for (int i = 0; i < count && chosen == nullptr; ++i) {  // manifest order: fastest first
     const EmbeddedKernel& e = *variants[i].info;
-    if (e.capacity >= n_sort && (e.max_n == 0 || e.max_n >= cand.per_row())) {
+    // A register variant holds, per thread, one key of every (segment, block-wide chunk).
+    const int64_t chunks = cand.segments * ((cand.seg_len + e.block[0] - 1) / e.block[0]);
+    if (e.capacity >= n_sort && (e.keys_per_thread == 0 || chunks <= e.keys_per_thread)) {
       chosen = &variants[i];
     }
   }
