@@ -23,15 +23,15 @@ import tempfile
 ARCHS = ("sm_90a", "sm_100a")
 
 #: (name, threads per CTA, sort size S, keys per thread in registers, log2 of the keys
-#: per sorting thread). The launcher picks the first variant with
-#: next_pow2(min(k, N)) <= S and W * ceil(K / threads) <= keys_per_thread (0: streamed,
-#: any N).
+#: per sorting thread, a CTA pair per row). The launcher picks the first variant with
+#: next_pow2(min(k, N)) <= S and W * ceil(K / threads) <= keys_per_thread (times 2 for a
+#: pair; 0: streamed, any N), skipping pairs when 2 * rows exceeds the SMs.
 VARIANTS = tuple(
-    (f"{kind}_s{size}", 1024, size, items, 3)
+    (f"{kind}_s{size}", 1024, size, items, 3, kind[0] == "p")
     for size in (512, 1024, 2048, 4096, 8192)
-    for kind, items in (("r8", 8), ("r16", 16), ("g", 0))
+    for kind, items in (("p4", 4), ("p8", 8), ("r8", 8), ("r16", 16), ("g", 0))
     if kind == "g" or size <= 4096
-) + (("g_s16384", 1024, 16384, 0, 4),)
+) + (("g_s16384", 1024, 16384, 0, 4, False),)
 
 #: Kernel parameters in order, as the launcher must pass them. A dynamic cute.Tensor is
 #: passed by value as {void* data; int32 shape[#dynamic]; int64 stride[#dynamic]}.
@@ -65,8 +65,8 @@ def export_arch(arch: str, out_dir: str, keep_ptx: bool = False) -> dict:
     options = f"--gpu-arch {arch} --keep-cubin --dump-dir {scratch}"
     if keep_ptx:
         options += " --keep-ptx"
-    for name, threads, sort_size, items, log_r in VARIANTS:
-        fn = stable_topk.make_stable_topk(threads, sort_size, items, log_r)
+    for name, threads, sort_size, items, log_r, pair in VARIANTS:
+        fn = stable_topk.make_stable_topk(threads, sort_size, items, log_r, pair)
         cand = make_fake_tensor(
             cutlass.Int64, (cute.sym_int(), cute.sym_int(), cute.sym_int()),
             stride=(cute.sym_int64(), cute.sym_int64(), cute.sym_int64()), assumed_align=8)
@@ -89,8 +89,8 @@ def export_arch(arch: str, out_dir: str, keep_ptx: bool = False) -> dict:
             "cubin": cubin_name,
             "entry": entries[0],
             "block": [threads, 1, 1],
-            "cluster": [1, 1, 1],
-            "dynamic_smem": stable_topk.smem_bytes(sort_size),
+            "cluster": [2 if pair else 1, 1, 1],
+            "dynamic_smem": stable_topk.smem_bytes(sort_size, pair),
             "sort_size": sort_size,
             "keys_per_thread": items,
         })

@@ -5,8 +5,10 @@ Each candidate is one int64 whose bits are the unsigned key
     key = (ordered(score_bits) << 32) | (~gid & 0xFFFFFFFF),   invalid candidate: key = 0
 
 so "score descending, then gid ascending, invalid last" is "key descending as an unsigned
-64-bit integer". One CTA per row; a variant sorts at most ``S = sort_size`` keys
-(a power of two). With ``sel = min(k, N)``:
+64-bit integer". One CTA per row, or a cluster of two (``pair``: each CTA holds half of
+the row's keys, the histograms are added through distributed shared memory and CTA 0
+sorts); a variant sorts at most ``S = sort_size`` keys (a power of two). With
+``sel = min(k, N)``:
 
 0. Key 0 (an invalid candidate) decodes to -1 like a shortfall slot, so the kernel
    selects among the nonzero keys only: ``sel_eff = min(sel, number of nonzero keys)``
@@ -40,16 +42,18 @@ into registers (``items_per_thread`` keys per thread: one per segment and block-
 of it, so ``W * ceil(K / num_threads) <= items_per_thread``) or streamed from global
 memory on every pass.
 
-Launch: grid ``(rows, 1, 1)``, block ``(num_threads, 1, 1)``, the dynamic shared memory
-from :func:`smem_bytes`; no cluster. The host guarantees ``rows >= 1``,
+Launch: grid ``(rows, 1, 1)`` (``(2 * rows, 1, 1)`` in clusters of ``(2, 1, 1)`` for a
+pair), block ``(num_threads, 1, 1)``, the dynamic shared memory from :func:`smem_bytes`. The host guarantees ``rows >= 1``,
 ``1 <= sel`` and ``next_pow2(sel) <= S`` and, for the register variants,
-``W * ceil(K / num_threads) <= items_per_thread``.
+``W * ceil(K / num_threads) <= items_per_thread`` (twice that for a pair).
 """
 from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Int64
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T
 
 import sort_plan
 
@@ -68,14 +72,45 @@ def _as_int64(u: int) -> int:
     return u - (1 << 64) if u >= (1 << 63) else u
 
 
+def _asm(result_type, operands, text: str, constraints: str):
+    return llvm.inline_asm(result_type, [x.ir_value() for x in operands], text, constraints,
+                           has_side_effects=True, is_align_stack=False,
+                           asm_dialect=llvm.AsmDialect.AD_ATT)
+
+
+def _cluster_addr(tensor: cute.Tensor, index, rank: Int32) -> Int32:
+    """Shared::cluster address of tensor[index] in CTA `rank`'s shared memory (PAIR)."""
+    local = Int32(llvm.ptrtoint(T.i32(), (tensor.iterator + index).llvm_ptr))
+    return Int32(_asm(T.i32(), [local, Int32(rank)], "mapa.shared::cluster.u32 $0, $1, $2;",
+                      "=r,r,r"))
+
+
+def _cluster_load_i32(addr: Int32) -> Int32:
+    return Int32(_asm(T.i32(), [addr], "ld.shared::cluster.u32 $0, [$1];", "=r,r"))
+
+
+def _cluster_store_i64(addr: Int32, value: Int64):
+    _asm(None, [addr, value], "st.shared::cluster.u64 [$0], $1;", "r,l")
+
+
+def _cluster_add_i32(addr: Int32, value: Int32) -> Int32:
+    return Int32(_asm(T.i32(), [addr, value], "atom.shared::cluster.add.u32 $0, [$1], $2;",
+                      "=r,r,r"))
+
+
 def _sort_buffers(sort_size: int) -> int:
     return 2 if 2 * sort_size * 8 + NUM_BINS * 8 + CTL_WORDS * 4 <= SMEM_BUDGET else 1
 
 
-def smem_bytes(sort_size: int) -> int:
-    """Dynamic shared memory of a variant: sort buffers, two histograms, control words
-    (in this order, each 16-byte aligned)."""
-    return _sort_buffers(sort_size) * sort_size * 8 + 2 * NUM_BINS * 4 + CTL_WORDS * 4
+def _histograms(pair: bool) -> int:
+    return 3 if pair else 2  # a histogram is reused two passes later (see the passes)
+
+
+def smem_bytes(sort_size: int, pair: bool = False) -> int:
+    """Dynamic shared memory of a variant: sort buffers, histograms, control words (in
+    this order, each 16-byte aligned)."""
+    return (_sort_buffers(sort_size) * sort_size * 8 + _histograms(pair) * NUM_BINS * 4
+            + CTL_WORDS * 4)
 
 
 def _swizzle(e: Int32, m: int) -> Int32:
@@ -109,24 +144,33 @@ def _count_digit(key: Int64, mask: Int64, prefix: Int64,
 
 
 @cute.jit
-def _warp_slots(count: Int32, lane: Int32, s_ctl: cute.Tensor) -> Int32:
+def _warp_slots(count: Int32, lane: Int32, s_ctl: cute.Tensor,
+                pair: cutlass.Constexpr[bool]) -> Int32:
     """First of `count` consecutive gather slots for this warp (one shared atomic on
-    s_ctl[3] by lane 0), broadcast to the warp."""
+    s_ctl[3] by lane 0; CTA 0's with `pair`), broadcast to the warp."""
     base = Int32(0)
     if lane == 0:
         if count != 0:
-            base = cute.arch.atomic_add((s_ctl.iterator + 3).llvm_ptr, count)
+            if cutlass.const_expr(pair):
+                base = _cluster_add_i32(_cluster_addr(s_ctl, 3, Int32(0)), count)
+            else:
+                base = cute.arch.atomic_add((s_ctl.iterator + 3).llvm_ptr, count)
     return cute.arch.shuffle_sync(base, 0)
 
 
 @cute.jit
-def _store_flipped(hit: Int32, s_keys: cute.Tensor, slot: Int32, key: Int64):
+def _store_flipped(hit: Int32, s_keys: cute.Tensor, slot: Int32, key: Int64,
+                   pair: cutlass.Constexpr[bool]):
     if hit != 0:
-        s_keys[slot] = key ^ Int64(SIGN_BIT)
+        if cutlass.const_expr(pair):  # into CTA 0's buffer
+            _cluster_store_i64(_cluster_addr(s_keys, slot, Int32(0)), key ^ Int64(SIGN_BIT))
+        else:
+            s_keys[slot] = key ^ Int64(SIGN_BIT)
 
 
 def _gather(keys, mask: Int64, prefix: Int64, strict: Int32, lane: Int32,
-            lanes_below: Int32, s_keys: cute.Tensor, s_ctl: cute.Tensor, m: int):
+            lanes_below: Int32, s_keys: cute.Tensor, s_ctl: cute.Tensor, m: int,
+            pair: bool = False):
     """Step 2 for a few keys per thread (all 32 lanes of each warp call it together):
     every nonzero key with ``key & mask >= prefix`` (unsigned; ``>`` when `strict`)
     goes to the next free slot of the gather buffer (at its swizzled address, top bit
@@ -146,10 +190,10 @@ def _gather(keys, mask: Int64, prefix: Int64, strict: Int32, lane: Int32,
         hits.append(hit)
         ballots.append(ballot)
         count = count + cute.arch.popc(ballot)
-    base = _warp_slots(count, lane, s_ctl)
+    base = _warp_slots(count, lane, s_ctl, pair)
     for key, hit, ballot in zip(keys, hits, ballots):
         _store_flipped(hit, s_keys, _swizzle(base + cute.arch.popc(ballot & lanes_below), m),
-                       key)
+                       key, pair)
         base = base + cute.arch.popc(ballot)
 
 
@@ -219,7 +263,7 @@ def _register_sort(tidx: Int32, bufs, m: int, log_r: int, num_sorters: int, out:
 
 
 def make_stable_topk(num_threads: int, sort_size: int, items_per_thread: int = 0,
-                     log_r: int = 3):
+                     log_r: int = 3, pair: bool = False):
     """Build the kernel and its host launcher for one variant.
 
     num_threads: threads per CTA (multiple of 32, >= NUM_BINS and >= the sorters).
@@ -229,21 +273,33 @@ def make_stable_topk(num_threads: int, sort_size: int, items_per_thread: int = 0
         loads it once into registers, ``items_per_thread`` keys per thread (at most
         that many (segment, block-wide chunk) pairs), and reads only registers afterwards.
     log_r: the sort holds ``2^log_r`` keys per thread (``S >> log_r`` sorting threads).
+    pair: a cluster of two CTAs per row (register variants only): each holds every other
+        (segment, chunk) pair, they add their histograms through distributed shared
+        memory and gather into CTA 0, which sorts. Halves the select and gather of a row
+        when there are SMs to spare (few rows).
     """
     assert num_threads % 32 == 0 and num_threads >= NUM_BINS
     assert sort_size & (sort_size - 1) == 0 and sort_size >= 512
     m = sort_size.bit_length() - 1
     num_sorters = sort_size >> log_r
     assert num_sorters % 32 == 0 and num_sorters <= num_threads
+    assert not pair or items_per_thread > 0
     NT = num_threads
     ITEMS = items_per_thread
+    PAIR = pair
+    num_hists = _histograms(pair)
     S = sort_size
     num_bufs = _sort_buffers(S)
 
     @cute.kernel
     def stable_topk_kernel(cand: cute.Tensor, out: cute.Tensor, sel: Int32):
         tidx, _, _ = cute.arch.thread_idx()
-        row, _, _ = cute.arch.block_idx()
+        block, _, _ = cute.arch.block_idx()
+        row = block
+        rank = Int32(0)
+        if cutlass.const_expr(PAIR):
+            row = block // 2
+            rank = cute.arch.block_idx_in_cluster()
         lane = tidx % 32
         num_segments = cand.shape[0]
         seg_len = cand.shape[2]
@@ -254,7 +310,7 @@ def make_stable_topk(num_threads: int, sort_size: int, items_per_thread: int = 0
                 for _ in range(num_bufs)]
         s_keys = bufs[0]
         s_hists = [smem.allocate_tensor(Int32, cute.make_layout((NUM_BINS,)),
-                                        byte_alignment=16) for _ in range(2)]
+                                        byte_alignment=16) for _ in range(num_hists)]
         s_ctl = smem.allocate_tensor(Int32, cute.make_layout((CTL_WORDS,)), byte_alignment=16)
 
         if tidx < CTL_WORDS:
@@ -263,27 +319,33 @@ def make_stable_topk(num_threads: int, sort_size: int, items_per_thread: int = 0
             s_hists[0][tidx] = Int32(0)
 
         # Register-resident variants: key j of this thread is cand[w, row, c0 + tidx] for
-        # the j-th (segment w, chunk c0) pair in order (c0 = 0, NT, ... < K); the host
-        # guarantees W * ceil(K / NT) <= ITEMS. Slots past the row hold key 0, which no
-        # pass counts. The pair steps with uniform arithmetic: one add per key.
+        # the j-th (segment w, chunk c0) pair in order (c0 = 0, NT, ... < K); with PAIR,
+        # CTA `rank` takes pairs rank, rank + 2, ... The host guarantees
+        # W * ceil(K / NT) <= ITEMS (2 * ITEMS with PAIR). Slots past the row hold key 0,
+        # which no pass counts. The pair steps with uniform arithmetic: one add per key.
         regs = []
         if cutlass.const_expr(ITEMS > 0):
             seg_stride, row_stride, col_stride = cand.stride
             row_off = Int64(row) * row_stride
             thread_off = row_off + Int64(tidx) * col_stride
+            chunks = (seg_len + (NT - 1)) // NT  # per segment
+            pair_step = 2 if PAIR else 1
             seg_i = Int32(0)
-            chunk0 = Int32(0)
-            for j in cutlass.range_constexpr(ITEMS):
-                inside = (chunk0 + tidx < seg_len) & (seg_i < num_segments)
-                at = Int64(seg_i) * seg_stride + Int64(chunk0) * col_stride + thread_off
-                loaded = cute.make_tensor(
-                    cand.iterator + Int64(cutlass.select_(inside, at, row_off)),
-                    cute.make_layout(1))[0]
-                regs.append(Int64(cutlass.select_(inside, loaded, Int64(0))))
-                chunk0 = chunk0 + NT
-                wrap = chunk0 >= seg_len
-                chunk0 = Int32(cutlass.select_(wrap, Int32(0), chunk0))
-                seg_i = Int32(cutlass.select_(wrap, seg_i + 1, seg_i))
+            chunk_i = rank
+            for j in cutlass.range_constexpr(ITEMS + (1 if PAIR else 0)):
+                if cutlass.const_expr(j > 0 or not PAIR):  # PAIR: round 0 only normalizes
+                    col0 = chunk_i * NT
+                    inside = (col0 + tidx < seg_len) & (seg_i < num_segments)
+                    at = Int64(seg_i) * seg_stride + Int64(col0) * col_stride + thread_off
+                    loaded = cute.make_tensor(
+                        cand.iterator + Int64(cutlass.select_(inside, at, row_off)),
+                        cute.make_layout(1))[0]
+                    regs.append(Int64(cutlass.select_(inside, loaded, Int64(0))))
+                    chunk_i = chunk_i + pair_step
+                for _ in cutlass.range_constexpr(pair_step):  # chunk_i < chunks again
+                    wrap = chunk_i >= chunks
+                    chunk_i = Int32(cutlass.select_(wrap, chunk_i - chunks, chunk_i))
+                    seg_i = Int32(cutlass.select_(wrap, seg_i + 1, seg_i))
 
         # ---- 1. radix select --------------------------------------------------------
         cute.arch.sync_threads()  # control words and the first histogram are zero
@@ -296,13 +358,15 @@ def make_stable_topk(num_threads: int, sort_size: int, items_per_thread: int = 0
         active = Int32(1)
         for p in cutlass.range_constexpr(NUM_PASSES):
             shift = 64 - RADIX_BITS * (p + 1)
-            s_hist = s_hists[p % 2]
+            s_hist = s_hists[p % num_hists]
             if active != 0:
-                # This pass counts into s_hist (zeroed before the last barrier) and
-                # zeroes the other histogram, which the previous pass's scan is done with.
+                # This pass counts into s_hist (zeroed before the last barrier) and zeroes
+                # the next one, whose last readers (this CTA's scan two passes ago; with
+                # PAIR also the peer's, which precedes the peer's last cluster barrier)
+                # are done.
                 if cutlass.const_expr(p + 1 < NUM_PASSES):
                     if tidx < NUM_BINS:
-                        s_hists[(p + 1) % 2][tidx] = Int32(0)
+                        s_hists[(p + 1) % num_hists][tidx] = Int32(0)
                 if cutlass.const_expr(ITEMS > 0):
                     for jr in cutlass.range_constexpr(ITEMS):
                         _count_digit(regs[jr], mask, prefix, shift, lanes_below, s_hist)
@@ -314,13 +378,21 @@ def make_stable_topk(num_threads: int, sort_size: int, items_per_thread: int = 0
                             if c < seg_len:
                                 key = cand[w, row, c]
                             _count_digit(key, mask, prefix, shift, lanes_below, s_hist)
-                cute.arch.sync_threads()
+                if cutlass.const_expr(PAIR):  # both halves of the row are counted
+                    cute.arch.cluster_arrive()
+                    cute.arch.cluster_wait()
+                else:
+                    cute.arch.sync_threads()
                 if tidx < 32:
                     # Lane l owns bins 255-8l .. 248-8l (descending): an inclusive scan
                     # over lanes counts the keys in all higher bins.
                     per_lane = NUM_BINS // 32
                     counts = [s_hist[NUM_BINS - 1 - per_lane * lane - j]
                               for j in range(per_lane)]
+                    if cutlass.const_expr(PAIR):  # plus the peer CTA's histogram
+                        counts = [counts[j] + _cluster_load_i32(_cluster_addr(
+                                      s_hist, NUM_BINS - 1 - per_lane * lane - j, rank ^ 1))
+                                  for j in range(per_lane)]
                     lane_sum = Int32(0)
                     for j in cutlass.range_constexpr(per_lane):
                         lane_sum = lane_sum + counts[j]
@@ -379,6 +451,8 @@ def make_stable_topk(num_threads: int, sort_size: int, items_per_thread: int = 0
         if active != 0:
             n_cand = sel_eff
         fill_from = cutlass.select_(active != 0, num_above, n_cand)
+        if cutlass.const_expr(PAIR):  # CTA 0 sorts; both gather into its buffer
+            fill_from = cutlass.select_(rank == 0, fill_from, Int32(S))
         for i in cutlass.range(fill_from + tidx, S, NT):
             s_keys[_swizzle(i, m)] = Int64(cutlass.select_(i < n_cand,
                                                            prefix ^ Int64(SIGN_BIT),
@@ -386,7 +460,7 @@ def make_stable_topk(num_threads: int, sort_size: int, items_per_thread: int = 0
         if cutlass.const_expr(ITEMS > 0):
             for g0 in cutlass.range_constexpr(0, ITEMS, GATHER_GROUP):
                 _gather(regs[g0:g0 + GATHER_GROUP], mask, prefix, active, lane, lanes_below,
-                        s_keys, s_ctl, m)
+                        s_keys, s_ctl, m, PAIR)
         else:
             for w in cutlass.range(num_segments):
                 for c0 in cutlass.range(0, seg_len, NT):
@@ -395,18 +469,27 @@ def make_stable_topk(num_threads: int, sort_size: int, items_per_thread: int = 0
                     if c < seg_len:
                         key = cand[w, row, c]
                     _gather([key], mask, prefix, active, lane, lanes_below, s_keys, s_ctl, m)
-        cute.arch.sync_threads()
+        if cutlass.const_expr(PAIR):  # CTA 1's keys have landed; it is done
+            cute.arch.cluster_arrive()
+            cute.arch.cluster_wait()
+        else:
+            cute.arch.sync_threads()
 
         # ---- 3 + 4. register bitonic sort, decode and write ------------------------------
-        if tidx < num_sorters:
-            _register_sort(tidx, bufs, m, log_r, num_sorters, out, row, k, sel_eff)
-        for i in cutlass.range(S + tidx, k, NT):  # k > S: slots past the sort
-            out[row, i] = Int32(-1)
+        if rank == 0:
+            if tidx < num_sorters:
+                _register_sort(tidx, bufs, m, log_r, num_sorters, out, row, k, sel_eff)
+            for i in cutlass.range(S + tidx, k, NT):  # k > S: slots past the sort
+                out[row, i] = Int32(-1)
 
     @cute.jit
     def stable_topk(cand: cute.Tensor, out: cute.Tensor, sel: Int32, stream):
         rows = cand.shape[1]
-        stable_topk_kernel(cand, out, sel).launch(
-            grid=(rows, 1, 1), block=(NT, 1, 1), stream=stream)
+        if cutlass.const_expr(PAIR):
+            stable_topk_kernel(cand, out, sel).launch(
+                grid=(rows * 2, 1, 1), block=(NT, 1, 1), cluster=(2, 1, 1), stream=stream)
+        else:
+            stable_topk_kernel(cand, out, sel).launch(
+                grid=(rows, 1, 1), block=(NT, 1, 1), stream=stream)
 
     return stable_topk

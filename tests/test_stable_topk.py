@@ -140,8 +140,17 @@ def test_one_row_large(device):
                                  (9000, 20000)])
 def test_variant_boundaries(device, kind, n, k):
     """Around the limits of the CUDA variants (cute_dsl_aot/export.py VARIANTS): keys in
-    registers for N <= 8192 and N <= 16384, streamed beyond; sort sizes 512 to 16384."""
+    registers for N <= 8192 and N <= 16384, streamed beyond; sort sizes 512 to 16384; two
+    rows run on CTA pairs."""
     check(make_keys(kind, 2, n, seed=3), k, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("n,k", [(8192, 512), (8192, 2048), (16384, 2048), (16384, 4096),
+                                 (1000, 999)])
+def test_variant_boundaries_many_rows(device, n, k):
+    """More rows than CTA pairs fit the SMs side by side: one CTA a row."""
+    check(make_keys("random", 150, n, seed=7), k, device)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -247,11 +256,14 @@ def test_strided_2d(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("rows", [5, 150])
 @pytest.mark.parametrize("W,K,k", [(4, 512, 512), (8, 100, 333), (3, 1, 2), (1, 64, 64),
-                                   (8, 2048, 2048), (4, 5000, 1000), (2, 3000, 6000)])
-def test_gathered_3d(device, W, K, k):
-    """[W, rows, K] (all_gather_into_tensor layout) equals torch.cat along dim 1."""
-    rows = 5
+                                   (8, 2048, 2048), (4, 5000, 1000), (2, 3000, 6000),
+                                   (3, 3000, 2000), (5, 1025, 700), (16, 1024, 1024)])
+def test_gathered_3d(device, rows, W, K, k):
+    """[W, rows, K] (all_gather_into_tensor layout) equals torch.cat along dim 1. On CUDA,
+    5 rows run on CTA pairs and 150 rows on one CTA a row; the (segment, 1024-wide chunk)
+    counts 3 * 3, 5 * 2 and 16 * 1 sit at the register variants' limits."""
     per_rank = [make_keys("ties", rows, K, seed=10 + w) for w in range(W)]
     gathered = torch.stack(per_rank)  # [W, rows, K]
     concat = torch.cat(per_rank, dim=1)  # [rows, W*K]

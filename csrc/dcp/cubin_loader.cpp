@@ -195,11 +195,16 @@ const LoadedKernel* kernels_for_device(const char* family, int device, int* coun
     check(d.device_get(&dev, device), "cuDeviceGet");
     check(d.primary_ctx_retain(&ctx, dev), "cuDevicePrimaryCtxRetain");  // kept for good
     std::vector<LoadedKernel> kernels = per_arch;
+    int multiprocessors = 0;
+    check(d.device_get_attribute(&multiprocessors, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+                                 dev),
+          "cuDeviceGetAttribute(MULTIPROCESSOR_COUNT)");
     // Load every variant into the device's context now (not lazily at a first launch
     // that might happen during stream capture).
     const ScopedContext in_device_context(ctx);
     for (LoadedKernel& k : kernels) {
       k.context = ctx;
+      k.multiprocessors = multiprocessors;
       CUkernel kernel = static_cast<CUkernel>(k.kernel);
       if (k.info->dynamic_smem > 48 * 1024) {
         check(d.kernel_set_attribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,

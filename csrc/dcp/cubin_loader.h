@@ -35,6 +35,7 @@ struct LoadedKernel {
   void* function = nullptr;  // CUfunction: the kernel loaded into `context`
   void* context = nullptr;   // CUcontext: the device's primary context
   const EmbeddedKernel* info = nullptr;
+  int multiprocessors = 0;   // SMs of the device (a launcher sizes clusters by it)
 };
 
 /*!
@@ -47,7 +48,8 @@ const LoadedKernel* kernels_for_device(const char* family, int device, int* coun
 
 /*!
  * \brief Launches `k` with grid (grid_x, 1, 1) on `stream` (a CUstream/cudaStream_t),
- *        block, dynamic shared memory and cluster from its manifest entry.
+ *        block, dynamic shared memory and cluster from its manifest entry (grid_x counts
+ *        CTAs: a multiple of the cluster size).
  */
 void launch_kernel(const LoadedKernel& k, unsigned grid_x, void* stream, void** params);
 

@@ -44,9 +44,13 @@ void stable_topk_cuda(const TopkCandidates& cand, const Strided2D<int32_t>& out,
   const LoadedKernel* chosen = nullptr;
   for (int i = 0; i < count && chosen == nullptr; ++i) {  // manifest order: fastest first
     const EmbeddedKernel& e = *variants[i].info;
-    // A register variant holds, per thread, one key of every (segment, block-wide chunk).
+    // A CTA pair per row pays off only while the pairs fit the SMs side by side.
+    if (e.cluster[0] > 1 && cand.rows * e.cluster[0] > variants[i].multiprocessors) continue;
+    // A register variant holds one key of every (segment, block-wide chunk) per thread
+    // (the CTAs of a cluster share them out).
     const int64_t chunks = cand.segments * ((cand.seg_len + e.block[0] - 1) / e.block[0]);
-    if (e.capacity >= n_sort && (e.keys_per_thread == 0 || chunks <= e.keys_per_thread)) {
+    if (e.capacity >= n_sort &&
+        (e.keys_per_thread == 0 || chunks <= e.keys_per_thread * e.cluster[0])) {
       chosen = &variants[i];
     }
   }
@@ -63,7 +67,7 @@ void stable_topk_cuda(const TopkCandidates& cand, const Strided2D<int32_t>& out,
              {out.row_stride, out.col_stride}};
   int32_t sel32 = static_cast<int32_t>(sel);
   void* params[] = {&c, &o, &sel32};
-  launch_kernel(*chosen, static_cast<unsigned>(cand.rows),
+  launch_kernel(*chosen, static_cast<unsigned>(cand.rows * chosen->info->cluster[0]),
                 reinterpret_cast<void*>(static_cast<uintptr_t>(place.stream)), params);
 }
 
