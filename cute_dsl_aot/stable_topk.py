@@ -14,9 +14,10 @@ sorts); a variant sorts at most ``S = sort_size`` keys (a power of two). With
    selects among the nonzero keys only: ``sel_eff = min(sel, number of nonzero keys)``
    (from the first pass's histogram total); output positions ``>= sel_eff`` are -1.
 1. Radix select, up to 8 passes of 8-bit digits from the top: a shared-memory histogram
-   of the digit of every nonzero key that matches the prefix found so far (two
-   histograms used alternately, so a pass needs two CTA barriers); one warp scans the
-   256 bins from the top and picks the digit holding the ``need``-th largest key. Result:
+   of the digit of every nonzero key that matches the prefix found so far (histograms
+   used in rotation, so a pass needs two barriers); one warp scans the 256 bins from the
+   top (adding the peer CTA's bins in a pair) and picks the digit holding the
+   ``need``-th largest key. Result:
    a masked prefix P (mask M) such that the top ``sel_eff`` keys are all keys with
    ``key & M > P`` plus ``need`` keys with ``key & M == P``. The select stops after the
    first pass whose candidate set ``C = {key & M >= P}`` (``n_cand = sel_eff - need +
@@ -24,9 +25,10 @@ sorts); a variant sorts at most ``S = sort_size`` keys (a power of two). With
    every key in C, so the top ``sel_eff`` keys of C are the answer. If it never stops,
    all 64 bits were used: the ``need`` keys taken from the bin are equal, so which copies
    are taken does not matter (``n_cand == sel_eff``).
-2. Gather the ``n_cand`` keys into shared memory (warp-aggregated atomics; the order is
-   arbitrary, the set is exact), stored with the top bit flipped so that a signed compare
-   is the unsigned order; slots ``n_cand .. S-1`` get the smallest value (key 0).
+2. Gather the ``n_cand`` keys into shared memory (CTA 0's in a pair; one shared atomic
+   per warp for its slots, so the order is arbitrary and the set exact), stored with the
+   top bit flipped so that a signed compare is the unsigned order; slots
+   ``n_cand .. S-1`` get the smallest value (key 0).
 3. Bitonic sort of the S slots, descending, in registers: ``S >> log_r`` threads hold
    ``2^log_r`` keys each; the stages run on registers and the keys pass through shared
    memory only between windows of stages (``sort_plan.py``), with one barrier each.
@@ -43,8 +45,9 @@ of it, so ``W * ceil(K / num_threads) <= items_per_thread``) or streamed from gl
 memory on every pass.
 
 Launch: grid ``(rows, 1, 1)`` (``(2 * rows, 1, 1)`` in clusters of ``(2, 1, 1)`` for a
-pair), block ``(num_threads, 1, 1)``, the dynamic shared memory from :func:`smem_bytes`. The host guarantees ``rows >= 1``,
-``1 <= sel`` and ``next_pow2(sel) <= S`` and, for the register variants,
+pair), block ``(num_threads, 1, 1)``, the dynamic shared memory from :func:`smem_bytes`.
+The host guarantees ``rows >= 1``, ``1 <= sel`` and ``next_pow2(sel) <= S`` and, for the
+register variants,
 ``W * ceil(K / num_threads) <= items_per_thread`` (twice that for a pair).
 """
 from __future__ import annotations
@@ -60,11 +63,12 @@ import sort_plan
 RADIX_BITS = 8
 NUM_BINS = 1 << RADIX_BITS
 NUM_PASSES = 64 // RADIX_BITS
-CTL_WORDS = 8  # shared control words: digit, above, bucket count, gt counter, eq counter
+CTL_WORDS = 8  # shared words: 0 digit, 1 keys above the bin, 2 bin count, 3 gather slots,
+#               5 keys to select
 SIGN_BIT = -(1 << 63)  # int64 with only the top bit set; also the flipped key 0
 SORT_BARRIER = 1  # named barrier of the sorting threads
-SMEM_BUDGET = 200 * 1024
-GATHER_GROUP = 8  # register keys gathered per warp atomic (their hits and ballots stay live)  # two sort buffers when they fit, else one (two barriers a window)
+SMEM_BUDGET = 200 * 1024  # two sort buffers when they fit, else one (two barriers a window)
+GATHER_GROUP = 8  # register keys gathered per warp atomic (their hits and ballots stay live)
 
 
 def _as_int64(u: int) -> int:
