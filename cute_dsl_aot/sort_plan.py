@@ -58,6 +58,12 @@ class Window:
     stages: tuple        # (level L, bit j) in network order
 
 
+def warp_local(a: Layout, b: Layout) -> bool:
+    """Whether moving from layout a to b keeps every key in its warp (thread bits 5 and
+    up select the warp): then the exchange needs only a warp barrier."""
+    return a.thread_bits[5:] == b.thread_bits[5:]
+
+
 def bitonic_stages(m: int):
     """Stages of the bitonic network over 2^m elements, in order."""
     return [(L, j) for L in range(1, m + 1) for j in range(L - 1, -1, -1)]

@@ -232,11 +232,20 @@ def _register_sort(tidx: Int32, bufs, m: int, log_r: int, num_sorters: int, out:
         lay = win.layout
         src = bufs[wi % len(bufs)]
         if wi > 0:  # the previous window's keys go out at their own slots
+            # When every warp keeps its elements (the same element bits behind the warp
+            # bits), a warp only exchanges keys with itself: a warp barrier orders it.
+            # That also covers the buffer's reuse: its last readers were the same warps
+            # (or a CTA-wide barrier lies in between).
+            if sort_plan.warp_local(windows[wi - 1].layout, lay):
+                sync = cute.arch.sync_warp
+            else:
+                def sync():
+                    cute.arch.barrier(barrier_id=SORT_BARRIER, number_of_threads=num_sorters)
             if len(bufs) == 1:  # the readers of the last window are done: overwrite
-                cute.arch.barrier(barrier_id=SORT_BARRIER, number_of_threads=num_sorters)
+                sync()
             for r in range(regs):
                 src[slots[r]] = x[r]
-            cute.arch.barrier(barrier_id=SORT_BARRIER, number_of_threads=num_sorters)
+            sync()
         e_base = _deposit(tidx, lay)
         e_reg = [lay.element(0, r) for r in range(regs)]
         slot_base = _swizzle(e_base, m)  # the swizzle is xor-linear

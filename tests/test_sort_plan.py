@@ -45,3 +45,20 @@ def test_plan_covers_the_network():
         assert stages == sort_plan.bitonic_stages(m)
         last = sort_plan.plan_windows(m, log_r)[-1].layout
         assert last.reg_bits == tuple(range(log_r))  # each thread ends with consecutive keys
+
+
+@pytest.mark.parametrize("m,log_r", VARIANT_PLANS)
+def test_warp_local_transitions_keep_keys_in_their_warp(m, log_r):
+    """A transition the kernel orders with a warp barrier only moves keys within warps."""
+    windows = sort_plan.plan_windows(m, log_r)
+    threads = 1 << (m - log_r)
+    local = 0
+    for a, b in zip(windows, windows[1:]):
+        if not sort_plan.warp_local(a.layout, b.layout):
+            continue
+        local += 1
+        for warp in range(threads // 32):
+            owned = [{lay.element(t, r) for t in range(warp * 32, warp * 32 + 32)
+                      for r in range(1 << log_r)} for lay in (a.layout, b.layout)]
+            assert owned[0] == owned[1]
+    assert local >= len(windows) // 3  # most transitions on the low bits stay in warps
