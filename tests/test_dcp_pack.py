@@ -2,7 +2,7 @@
 torch reference, the key format, sharded merges through a fake in-process exchange."""
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 import dsa_ext
@@ -128,14 +128,12 @@ def pack_cases(draw):
     return logits, topk, draw(st.integers(0, world - 1)), world, interleave, starts
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(pack_cases())
+@given(pack_cases())  # examples from the shared profiles (tests/conftest.py)
 def test_random_cases_cpu(case):
     run_both(torch.device("cpu"), *case)
 
 
 @pytest.mark.cuda
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(pack_cases())
 def test_random_cases_cuda(case):
     run_both(torch.device("cuda"), *case)
