@@ -229,43 +229,44 @@ def _unsupported(err: Exception, backend: tuple) -> None:
     raise err
 
 
-def all_gather_into(output: Tensor, input: Tensor, group=None,
-                    hook: Optional[AllGather] = None) -> None:
-    """All-gather `input` [rows, ...] of every rank into `output` [W * rows, ...]
-    (rank-major), through `hook` if given, else torch.distributed on `group`. No host
-    sync; with NCCL capturable in a CUDA graph."""
+def _collective(op: str, fused_names, unfused, output: Tensor, input: Tensor, group,
+                hook) -> None:
+    """`hook(output, input)` if given; else the first fused torch.distributed collective of
+    `fused_names` on `group`, and for good on a backend without it the list form
+    `unfused(dist, world_size)`."""
     if hook is not None:
         hook(output, input)
         return
     import torch.distributed as dist
-    backend = ("all_gather", str(dist.get_backend(group)))
+    backend = (op, str(dist.get_backend(group)))
     if backend not in _UNFUSED:
-        fused = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        fused = next(getattr(dist, name) for name in fused_names if hasattr(dist, name))
         try:
             fused(output, input, group=group)
             return
         except (RuntimeError, NotImplementedError) as err:
             _unsupported(err, backend)
-    dist.all_gather(list(output.chunk(dist.get_world_size(group))), input, group=group)
+    unfused(dist, dist.get_world_size(group))
+
+
+def all_gather_into(output: Tensor, input: Tensor, group=None,
+                    hook: Optional[AllGather] = None) -> None:
+    """All-gather `input` [rows, ...] of every rank into `output` [W * rows, ...]
+    (rank-major), through `hook` if given, else torch.distributed on `group`. No host
+    sync; with NCCL capturable in a CUDA graph."""
+    _collective("all_gather", ("all_gather_single", "all_gather_into_tensor"),
+                lambda dist, w: dist.all_gather(list(output.chunk(w)), input, group=group),
+                output, input, group, hook)
 
 
 def reduce_scatter_into(output: Tensor, input: Tensor, group=None,
                         hook: Optional[ReduceScatter] = None) -> None:
     """Sum `input` [W * rows, ...] over ranks and keep this rank's block [rows, ...] in
     `output`, through `hook` if given, else torch.distributed on `group`."""
-    if hook is not None:
-        hook(output, input)
-        return
-    import torch.distributed as dist
-    backend = ("reduce_scatter", str(dist.get_backend(group)))
-    if backend not in _UNFUSED:
-        fused = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-        try:
-            fused(output, input, group=group)
-            return
-        except (RuntimeError, NotImplementedError) as err:
-            _unsupported(err, backend)
-    dist.reduce_scatter(output, list(input.chunk(dist.get_world_size(group))), group=group)
+    _collective("reduce_scatter", ("reduce_scatter_single", "reduce_scatter_tensor"),
+                lambda dist, w: dist.reduce_scatter(output, list(input.chunk(w)),
+                                                    group=group),
+                output, input, group, hook)
 
 
 def merge_topk_global(
