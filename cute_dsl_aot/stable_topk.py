@@ -126,6 +126,15 @@ def _swizzle(e: Int32, m: int) -> Int32:
 
 
 @cute.jit
+def _streamed_key(cand: cute.Tensor, w: Int32, row: Int32, c: Int32) -> Int64:
+    """Streaming variants: cand[w, row, c], key 0 past the segment's end."""
+    key = Int64(0)
+    if c < cand.shape[2]:
+        key = cand[w, row, c]
+    return key
+
+
+@cute.jit
 def _count_digit(key: Int64, mask: Int64, prefix: Int64,
                  shift: cutlass.Constexpr[int], lanes_below: Int32, s_hist: cute.Tensor):
     """Step 1 for one key per thread (all 32 lanes of each warp call it together): if the
@@ -212,6 +221,16 @@ def _write_gid(out: cute.Tensor, row: Int32, pos: Int32, k: Int32, sel_eff: Int3
         out[row, pos] = gid
 
 
+def _wrap_chunk(seg: Int32, chunk: Int32, chunks: Int32, max_wraps: int):
+    """(segment, chunk) with the chunk index carried into the segment: chunk < chunks
+    again, given chunk < (max_wraps + 1) * chunks."""
+    for _ in range(max_wraps):
+        wrap = chunk >= chunks
+        chunk = Int32(cutlass.select_(wrap, chunk - chunks, chunk))
+        seg = Int32(cutlass.select_(wrap, seg + 1, seg))
+    return seg, chunk
+
+
 def _deposit(tidx: Int32, layout: sort_plan.Layout) -> Int32:
     """Element index bits of thread `tidx` in `layout` (its register bits zero)."""
     e = Int32(0)
@@ -269,17 +288,16 @@ def _register_sort(tidx: Int32, bufs, m: int, log_r: int, num_sorters: int, out:
                     swap = (a < b) != ascending[L]  # equal keys may swap: no change
                 x[r] = Int64(cutlass.select_(swap, b, a))
                 x[r2] = Int64(cutlass.select_(swap, a, b))
-    lay = windows[-1].layout
-    e_base = _deposit(tidx, lay)
-    for r in range(regs):
-        _write_gid(out, row, e_base | lay.element(0, r), k, sel_eff, x[r])
+    for r in range(regs):  # the last window's layout
+        _write_gid(out, row, e_base | e_reg[r], k, sel_eff, x[r])
 
 
 def make_stable_topk(num_threads: int, sort_size: int, items_per_thread: int = 0,
                      log_r: int = 3, pair: bool = False):
     """Build the kernel and its host launcher for one variant.
 
-    num_threads: threads per CTA (multiple of 32, >= NUM_BINS and >= the sorters).
+    num_threads: threads per CTA (multiple of 32, >= NUM_BINS and >= the sorters; the
+        exported variants use 1024).
     sort_size: S, the number of keys the sort orders (a power of two, >= 512): the
         variant handles rows with ``next_pow2(min(k, N)) <= S``.
     items_per_thread: 0 streams the row from global memory on every pass (any N); > 0
@@ -343,22 +361,16 @@ def make_stable_topk(num_threads: int, sort_size: int, items_per_thread: int = 0
             thread_off = row_off + Int64(tidx) * col_stride
             chunks = (seg_len + (NT - 1)) // NT  # per segment
             pair_step = 2 if PAIR else 1
-            seg_i = Int32(0)
-            chunk_i = rank
-            for j in cutlass.range_constexpr(ITEMS + (1 if PAIR else 0)):
-                if cutlass.const_expr(j > 0 or not PAIR):  # PAIR: round 0 only normalizes
-                    col0 = chunk_i * NT
-                    inside = (col0 + tidx < seg_len) & (seg_i < num_segments)
-                    at = Int64(seg_i) * seg_stride + Int64(col0) * col_stride + thread_off
-                    loaded = cute.make_tensor(
-                        cand.iterator + Int64(cutlass.select_(inside, at, row_off)),
-                        cute.make_layout(1))[0]
-                    regs.append(Int64(cutlass.select_(inside, loaded, Int64(0))))
-                    chunk_i = chunk_i + pair_step
-                for _ in cutlass.range_constexpr(pair_step):  # chunk_i < chunks again
-                    wrap = chunk_i >= chunks
-                    chunk_i = Int32(cutlass.select_(wrap, chunk_i - chunks, chunk_i))
-                    seg_i = Int32(cutlass.select_(wrap, seg_i + 1, seg_i))
+            seg_i, chunk_i = _wrap_chunk(Int32(0), rank, chunks, 2 if PAIR else 0)
+            for j in cutlass.range_constexpr(ITEMS):
+                col0 = chunk_i * NT
+                inside = (col0 + tidx < seg_len) & (seg_i < num_segments)
+                at = Int64(seg_i) * seg_stride + Int64(col0) * col_stride + thread_off
+                loaded = cute.make_tensor(
+                    cand.iterator + Int64(cutlass.select_(inside, at, row_off)),
+                    cute.make_layout(1))[0]
+                regs.append(Int64(cutlass.select_(inside, loaded, Int64(0))))
+                seg_i, chunk_i = _wrap_chunk(seg_i, chunk_i + pair_step, chunks, pair_step)
 
         # ---- 1. radix select --------------------------------------------------------
         cute.arch.sync_threads()  # control words and the first histogram are zero
@@ -386,11 +398,8 @@ def make_stable_topk(num_threads: int, sort_size: int, items_per_thread: int = 0
                 else:
                     for w in cutlass.range(num_segments):
                         for c0 in cutlass.range(0, seg_len, NT):
-                            c = c0 + tidx
-                            key = Int64(0)
-                            if c < seg_len:
-                                key = cand[w, row, c]
-                            _count_digit(key, mask, prefix, shift, lanes_below, s_hist)
+                            _count_digit(_streamed_key(cand, w, row, c0 + tidx), mask, prefix,
+                                         shift, lanes_below, s_hist)
                 if cutlass.const_expr(PAIR):  # both halves of the row are counted
                     cute.arch.cluster_arrive()
                     cute.arch.cluster_wait()
@@ -477,11 +486,8 @@ def make_stable_topk(num_threads: int, sort_size: int, items_per_thread: int = 0
         else:
             for w in cutlass.range(num_segments):
                 for c0 in cutlass.range(0, seg_len, NT):
-                    c = c0 + tidx
-                    key = Int64(0)
-                    if c < seg_len:
-                        key = cand[w, row, c]
-                    _gather([key], mask, prefix, active, lane, lanes_below, s_keys, s_ctl, m)
+                    _gather([_streamed_key(cand, w, row, c0 + tidx)], mask, prefix, active,
+                            lane, lanes_below, s_keys, s_ctl, m)
         if cutlass.const_expr(PAIR):  # CTA 1's keys have landed; it is done
             cute.arch.cluster_arrive()
             cute.arch.cluster_wait()

@@ -3,11 +3,11 @@
 Per case: the per-launch device time from CUDA-graph replays (many launches in one graph,
 median over several replays, inputs rotated so they don't sit in L2 unless they are small
 enough to live there in production too; rows marked "L2-warm" reuse one input copy, as
-when the op reads what the kernel before it wrote), the eager wall time of one call (host overhead
-included), the bytes the op must move at least (each input read once, each output
-written once), GB/s and the share of the device's copy bandwidth measured in the same run
-(an SM kernel reading and writing each byte once; a plain copy_ would run on the copy
-engines and understate the ceiling).
+when the op reads what the kernel before it wrote), the eager wall time of one call
+(host overhead included), the bytes the op must move at least (each input read once, each
+output written once), GB/s and the share of the device's copy bandwidth measured in the
+same run (an SM kernel reading and writing each byte once; a plain copy_ would run on the
+copy engines and understate the ceiling).
 """
 from __future__ import annotations
 
