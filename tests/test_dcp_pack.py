@@ -343,6 +343,17 @@ def test_cuda_equals_cpu_bit_exact(layout):
 
 
 @pytest.mark.cuda
+def test_more_rows_than_one_grid_column():
+    """Rows past the launch grid's 65535 (the kernel strides over them) against the CPU."""
+    g = torch.Generator().manual_seed(12)
+    rows, cols, K = 65535 + 300, 40, 3
+    logits = torch.randn(rows, cols, generator=g)
+    ids = torch.randint(-1, cols, (rows, K), generator=g, dtype=I32)
+    cpu = dsa_ext.pack_dcp_topk_candidates(logits, ids, 1, 2)
+    assert_equal(dsa_ext.pack_dcp_topk_candidates(logits.cuda(), ids.cuda(), 1, 2), cpu)
+
+
+@pytest.mark.cuda
 def test_merge_topk_global_fake_exchange_graph_capture():
     """pack + all-gather hook + stable top-K captured in one CUDA graph, no host sync."""
     world, interleave, k = 4, 2, 64

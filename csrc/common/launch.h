@@ -68,7 +68,8 @@ class DeviceGuard {
   int previous_ = 0, target_ = 0;
 };
 
-//! Grid dimension x is limited to 2^31 - 1 blocks.
+//! Grid dimension x is limited to 2^31 - 1 blocks, y (and z) to 65535.
 constexpr int64_t kMaxGridX = 2147483647;
+constexpr int64_t kMaxGridY = 65535;
 
 }  // namespace dsa

@@ -15,7 +15,6 @@ namespace dsa {
 namespace {
 
 constexpr int kItems = 8;  // columns per thread per step: two 16-byte stores
-constexpr int64_t kMaxGridY = 65535;
 
 template <int kThreads, bool kVector>
 __global__ void __launch_bounds__(kThreads) c128a_metadata_kernel(const C128AArgs a) {
