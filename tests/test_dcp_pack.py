@@ -343,10 +343,11 @@ def test_cuda_equals_cpu_bit_exact(layout):
 
 
 @pytest.mark.cuda
-def test_more_rows_than_one_grid_column():
+@pytest.mark.parametrize("K", [3, 17])  # both block sizes (1024 threads from 2^20 keys)
+def test_more_rows_than_one_grid_column(K):
     """Rows past the launch grid's 65535 (the kernel strides over them) against the CPU."""
     g = torch.Generator().manual_seed(12)
-    rows, cols, K = 65535 + 300, 40, 3
+    rows, cols = 65535 + 300, 40
     logits = torch.randn(rows, cols, generator=g)
     ids = torch.randint(-1, cols, (rows, K), generator=g, dtype=I32)
     cpu = dsa_ext.pack_dcp_topk_candidates(logits, ids, 1, 2)
