@@ -97,8 +97,15 @@ def layout_for(reg_bits, m: int) -> Layout:
     return Layout(tuple(sorted(reg_bits)), tuple(lanes + rest))
 
 
-def plan_windows(m: int, log_r: int):
-    """Windows of the network over 2^m keys with 2^log_r keys per thread.
+def merge_stages(m: int):
+    """The last level of the network over 2^m elements: it turns a bitonic sequence
+    (two halves sorted in opposite directions) into a descending one."""
+    return [(m, j) for j in range(m - 1, -1, -1)]
+
+
+def plan_windows(m: int, log_r: int, stages=None):
+    """Windows of the network over 2^m keys (or of the given part of it, `stages` in
+    network order) with 2^log_r keys per thread.
 
     Greedy from the end (optimal for covering a sequence with windows of at most log_r
     distinct bits): the last window then holds bits {0 .. log_r-1}, so each thread ends
@@ -106,15 +113,15 @@ def plan_windows(m: int, log_r: int):
     lowest unused bits."""
     assert 1 <= log_r < m
     windows = []
-    bits, stages = [], []
-    for L, j in reversed(bitonic_stages(m)):
+    bits, stages_w = [], []
+    for L, j in reversed(bitonic_stages(m) if stages is None else stages):
         if j not in bits and len(bits) == log_r:
-            windows.append((bits, stages))
-            bits, stages = [], []
+            windows.append((bits, stages_w))
+            bits, stages_w = [], []
         if j not in bits:
             bits.append(j)
-        stages.append((L, j))
-    windows.append((bits, stages))
+        stages_w.append((L, j))
+    windows.append((bits, stages_w))
     plan = []
     for bits, stages in reversed(windows):
         reg = set(bits)
@@ -144,8 +151,30 @@ def simulate(keys, log_r: int):
     n = len(keys)
     m = n.bit_length() - 1
     assert 1 << m == n
-    data = list(keys)
-    for win in plan_windows(m, log_r):
+    return _run(list(keys), m, log_r, plan_windows(m, log_r))
+
+
+def simulate_pair(keys, log_r: int):
+    """The sort of a CTA pair, as the kernel runs it on 2^m integers: each CTA sorts one
+    half descending, CTA 1 on negated keys (so its half ends ascending); one
+    compare-exchange between the CTAs keeps the larger keys in CTA 0 and the smaller in
+    CTA 1; each CTA then merges its half descending. Returns the concatenation."""
+    n = len(keys)
+    m = n.bit_length() - 1
+    assert 1 << m == n and m >= 2
+    half = n // 2
+    sort = plan_windows(m - 1, log_r)
+    merge = plan_windows(m - 1, log_r, merge_stages(m - 1))
+    lo = _run(list(keys[:half]), m - 1, log_r, sort)
+    hi = [-x for x in _run([-x for x in keys[half:]], m - 1, log_r, sort)]
+    lo, hi = [max(a, b) for a, b in zip(lo, hi)], [min(a, b) for a, b in zip(lo, hi)]
+    return _run(lo, m - 1, log_r, merge) + _run(hi, m - 1, log_r, merge)
+
+
+def _run(data, m: int, log_r: int, windows):
+    """The windows on 2^m integers, in place through the layouts."""
+    n = len(data)
+    for win in windows:
         lay = win.layout
         threads = n >> log_r
         regs = [[data[lay.element(t, r)] for r in range(1 << log_r)] for t in range(threads)]

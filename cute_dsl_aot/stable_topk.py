@@ -6,9 +6,9 @@ Each candidate is one int64 whose bits are the unsigned key
 
 so "score descending, then gid ascending, invalid last" is "key descending as an unsigned
 64-bit integer". One CTA per row, or a cluster of two (``pair``: each CTA holds half of
-the row's keys, the histograms are added through distributed shared memory and CTA 0
-sorts); a variant sorts at most ``S = sort_size`` keys (a power of two). With
-``sel = min(k, N)``:
+the row's keys, the histograms are added through distributed shared memory and each CTA
+sorts half of the selection); a variant sorts at most ``S = sort_size`` keys (a power of
+two). With ``sel = min(k, N)``:
 
 0. Key 0 (an invalid candidate) decodes to -1 like a shortfall slot, so the kernel
    selects among the nonzero keys only: ``sel_eff = min(sel, number of nonzero keys)``
@@ -25,13 +25,16 @@ sorts); a variant sorts at most ``S = sort_size`` keys (a power of two). With
    every key in C, so the top ``sel_eff`` keys of C are the answer. If it never stops,
    all 64 bits were used: the ``need`` keys taken from the bin are equal, so which copies
    are taken does not matter (``n_cand == sel_eff``).
-2. Gather the ``n_cand`` keys into shared memory (CTA 0's in a pair; one shared atomic
-   per warp for its slots, so the order is arbitrary and the set exact), stored with the
-   top bit flipped so that a signed compare is the unsigned order; slots
-   ``n_cand .. S-1`` get the smallest value (key 0).
+2. Gather the ``n_cand`` keys into shared memory (one shared atomic per warp for its
+   slots, so the order is arbitrary and the set exact; in a pair CTA 0 counts the slots
+   and slot i lives in CTA ``i >> (log2(S) - 1)``), stored with the top bit flipped so
+   that a signed compare is the unsigned order; slots ``n_cand .. S-1`` get the smallest
+   value (key 0).
 3. Bitonic sort of the S slots, descending, in registers: ``S >> log_r`` threads hold
    ``2^log_r`` keys each; the stages run on registers and the keys pass through shared
-   memory only between windows of stages (``sort_plan.py``), with one barrier each.
+   memory only between windows of stages (``sort_plan.py``), with one barrier each. A
+   pair splits the network (:func:`_pair_sort`): each CTA sorts its half, one
+   compare-exchange crosses the CTAs, each merges its half; a CTA sorts half the keys.
 4. Write ``out[row, i]`` for ``i < k``: the decoded gid of the i-th key for
    ``i < sel_eff``, else -1.
 
@@ -95,6 +98,10 @@ def _cluster_load_i32(addr: Int32) -> Int32:
 
 def _cluster_store_i64(addr: Int32, value: Int64):
     _asm(None, [addr, value], "st.shared::cluster.u64 [$0], $1;", "r,l")
+
+
+def _cluster_load_i64(addr: Int32) -> Int64:
+    return Int64(_asm(T.i64(), [addr], "ld.shared::cluster.u64 $0, [$1];", "=l,r"))
 
 
 def _cluster_add_i32(addr: Int32, value: Int32) -> Int32:
@@ -172,13 +179,22 @@ def _warp_slots(count: Int32, lane: Int32, s_ctl: cute.Tensor,
 
 
 @cute.jit
-def _store_flipped(hit: Int32, s_keys: cute.Tensor, slot: Int32, key: Int64,
-                   pair: cutlass.Constexpr[bool]):
+def _store_flipped(hit: Int32, s_keys: cute.Tensor, slot: Int32, key: Int64):
     if hit != 0:
-        if cutlass.const_expr(pair):  # into CTA 0's buffer
-            _cluster_store_i64(_cluster_addr(s_keys, slot, Int32(0)), key ^ Int64(SIGN_BIT))
-        else:
-            s_keys[slot] = key ^ Int64(SIGN_BIT)
+        s_keys[slot] = key ^ Int64(SIGN_BIT)
+
+
+@cute.jit
+def _store_split(hit: Int32, s_keys: cute.Tensor, i: Int32, key: Int64,
+                 half_bits: cutlass.Constexpr[int]):
+    """Gather slot i of a pair: CTA i >> half_bits holds it (CTA 1 negated, see
+    _pair_sort), at the swizzled slot of its index within the half."""
+    if hit != 0:
+        target = i >> half_bits
+        flipped = key ^ Int64(SIGN_BIT)
+        value = Int64(cutlass.select_(target != 0, ~flipped, flipped))
+        local = _swizzle(i & ((1 << half_bits) - 1), half_bits)
+        _cluster_store_i64(_cluster_addr(s_keys, local, target), value)
 
 
 def _gather(keys, mask: Int64, prefix: Int64, strict: Int32, lane: Int32,
@@ -205,8 +221,11 @@ def _gather(keys, mask: Int64, prefix: Int64, strict: Int32, lane: Int32,
         count = count + cute.arch.popc(ballot)
     base = _warp_slots(count, lane, s_ctl, pair)
     for key, hit, ballot in zip(keys, hits, ballots):
-        _store_flipped(hit, s_keys, _swizzle(base + cute.arch.popc(ballot & lanes_below), m),
-                       key, pair)
+        if pair:
+            _store_split(hit, s_keys, base + cute.arch.popc(ballot & lanes_below), key, m - 1)
+        else:
+            _store_flipped(hit, s_keys, _swizzle(base + cute.arch.popc(ballot & lanes_below), m),
+                           key)
         base = base + cute.arch.popc(ballot)
 
 
@@ -244,7 +263,62 @@ def _register_sort(tidx: Int32, bufs, m: int, log_r: int, num_sorters: int, out:
     """Steps 3 and 4, run by threads ``tidx < num_sorters`` only (plain Python: traced
     once, fully unrolled). ``bufs[0]`` holds the gathered keys at their swizzled slots;
     windows alternate between the buffers (or reuse one with an extra barrier)."""
-    windows = sort_plan.plan_windows(m, log_r)
+    x, _, e_base, e_reg = _sort_windows(tidx, bufs, m, log_r, num_sorters,
+                                        sort_plan.plan_windows(m, log_r),
+                                        lambda slots: [bufs[0][s] for s in slots])
+    for r in range(1 << log_r):  # the last window's layout
+        _write_gid(out, row, e_base | e_reg[r], k, sel_eff, x[r])
+
+
+def _pair_sort(tidx: Int32, bufs, rank: Int32, m: int, log_r: int, num_sorters: int,
+               out: cute.Tensor, row: Int32, k: Int32, sel_eff: Int32):
+    """Steps 3 and 4 of a CTA pair, by threads ``tidx < num_sorters`` of both CTAs (the
+    other threads take part in the two cluster barriers only). CTA r holds the gather
+    slots ``r * H .. r * H + H - 1`` (``H = 2^(m-1)``), CTA 1 bitwise negated, which
+    reverses the order: both sort their half descending, so CTA 1's ends ascending in
+    the keys and the two halves form a bitonic sequence. The compare-exchange of the
+    network's last level across the halves goes through distributed shared memory (CTA
+    0 keeps the larger key of each pair, CTA 1 the smaller); each CTA then finishes the
+    level on its half and writes output positions ``r * H ...``."""
+    half = m - 1
+    # The exchange buffer (bufs[2]) is read by the peer: nothing overwrites it later.
+    xbuf = bufs[2]
+    bufs = bufs[:2]
+    x, slots, _, _ = _sort_windows(tidx, bufs, half, log_r, num_sorters,
+                                   sort_plan.plan_windows(half, log_r),
+                                   lambda slots: [bufs[0][s] for s in slots])
+    for r in range(1 << log_r):
+        xbuf[slots[r]] = Int64(cutlass.select_(rank != 0, ~x[r], x[r]))
+    cute.arch.cluster_arrive()
+    cute.arch.cluster_wait()
+
+    def exchange(slots):
+        kept = []
+        for s in slots:
+            own = xbuf[s]
+            peer = _cluster_load_i64(_cluster_addr(xbuf, s, rank ^ 1))
+            lower = own < peer
+            larger = Int64(cutlass.select_(lower, peer, own))
+            smaller = Int64(cutlass.select_(lower, own, peer))
+            kept.append(Int64(cutlass.select_(rank == 0, larger, smaller)))
+        return kept
+
+    x, _, e_base, e_reg = _sort_windows(tidx, bufs, half, log_r, num_sorters,
+                                        sort_plan.plan_windows(half, log_r,
+                                                               sort_plan.merge_stages(half)),
+                                        exchange)
+    cute.arch.cluster_arrive()  # this CTA is done reading the peer's exchange buffer
+    for r in range(1 << log_r):
+        _write_gid(out, row, (rank << half) + (e_base | e_reg[r]), k, sel_eff, x[r])
+    cute.arch.cluster_wait()  # the peer is done reading ours: shared memory may go
+
+
+def _sort_windows(tidx: Int32, bufs, m: int, log_r: int, num_sorters: int, windows,
+                  load_first):
+    """The register network of `windows` over 2^m slots; the first window's keys come
+    from ``load_first(slots)``, later windows exchange through ``bufs[0]`` and
+    ``bufs[1]``. Returns the keys, their slots, and the element index parts of the last
+    window's layout."""
     regs = 1 << log_r
     x = slots = None
     for wi, win in enumerate(windows):
@@ -269,7 +343,7 @@ def _register_sort(tidx: Int32, bufs, m: int, log_r: int, num_sorters: int, out:
         e_reg = [lay.element(0, r) for r in range(regs)]
         slot_base = _swizzle(e_base, m)  # the swizzle is xor-linear
         slots = [slot_base ^ sort_plan.swizzle(e, m) for e in e_reg]
-        x = [src[slots[r]] for r in range(regs)]
+        x = load_first(slots) if wi == 0 else [src[slots[r]] for r in range(regs)]
         ascending = {}  # runtime direction per level: bit L of the thread's elements
         for L, j in win.stages:
             ri = lay.reg_bits.index(j)
@@ -288,8 +362,7 @@ def _register_sort(tidx: Int32, bufs, m: int, log_r: int, num_sorters: int, out:
                     swap = (a < b) != ascending[L]  # equal keys may swap: no change
                 x[r] = Int64(cutlass.select_(swap, b, a))
                 x[r2] = Int64(cutlass.select_(swap, a, b))
-    for r in range(regs):  # the last window's layout
-        _write_gid(out, row, e_base | e_reg[r], k, sel_eff, x[r])
+    return x, slots, e_base, e_reg
 
 
 def make_stable_topk(num_threads: int, sort_size: int, items_per_thread: int = 0,
@@ -473,12 +546,18 @@ def make_stable_topk(num_threads: int, sort_size: int, items_per_thread: int = 0
         if active != 0:
             n_cand = sel_eff
         fill_from = cutlass.select_(active != 0, num_above, n_cand)
-        if cutlass.const_expr(PAIR):  # CTA 0 sorts; both gather into its buffer
-            fill_from = cutlass.select_(rank == 0, fill_from, Int32(S))
-        for i in cutlass.range(fill_from + tidx, S, NT):
-            s_keys[_swizzle(i, m)] = Int64(cutlass.select_(i < n_cand,
-                                                           prefix ^ Int64(SIGN_BIT),
-                                                           Int64(SIGN_BIT)))
+        if cutlass.const_expr(PAIR):  # each CTA fills its half of the slots (see _pair_sort)
+            half_lo = rank * (S // 2)
+            for i in cutlass.range(cutlass.max(fill_from, half_lo) + tidx, half_lo + S // 2, NT):
+                flipped = Int64(cutlass.select_(i < n_cand, prefix ^ Int64(SIGN_BIT),
+                                                Int64(SIGN_BIT)))
+                s_keys[_swizzle(i - half_lo, m - 1)] = Int64(
+                    cutlass.select_(rank != 0, ~flipped, flipped))
+        else:
+            for i in cutlass.range(fill_from + tidx, S, NT):
+                s_keys[_swizzle(i, m)] = Int64(cutlass.select_(i < n_cand,
+                                                               prefix ^ Int64(SIGN_BIT),
+                                                               Int64(SIGN_BIT)))
         if cutlass.const_expr(ITEMS > 0):
             for g0 in cutlass.range_constexpr(0, ITEMS, GATHER_GROUP):
                 _gather(regs[g0:g0 + GATHER_GROUP], mask, prefix, active, lane, lanes_below,
@@ -495,9 +574,20 @@ def make_stable_topk(num_threads: int, sort_size: int, items_per_thread: int = 0
             cute.arch.sync_threads()
 
         # ---- 3 + 4. register bitonic sort, decode and write ------------------------------
+        if cutlass.const_expr(PAIR):
+            if tidx < num_sorters // 2:
+                halves = [s_keys, cute.make_tensor(s_keys.iterator + S // 2,
+                                                   cute.make_layout((S // 2,))), bufs[1]]
+                _pair_sort(tidx, halves, rank, m, log_r, num_sorters // 2, out, row, k,
+                           sel_eff)
+            else:  # the two cluster barriers of the sorting threads' exchange
+                cute.arch.cluster_arrive()
+                cute.arch.cluster_wait()
+                cute.arch.cluster_arrive()
+                cute.arch.cluster_wait()
+        elif tidx < num_sorters:
+            _register_sort(tidx, bufs, m, log_r, num_sorters, out, row, k, sel_eff)
         if rank == 0:
-            if tidx < num_sorters:
-                _register_sort(tidx, bufs, m, log_r, num_sorters, out, row, k, sel_eff)
             for i in cutlass.range(S + tidx, k, NT):  # k > S: slots past the sort
                 out[row, i] = Int32(-1)
 

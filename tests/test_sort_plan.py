@@ -1,6 +1,7 @@
 """The register bitonic sort's compile-time plan (cute_dsl_aot/sort_plan.py), on the CPU:
-the planned windows sort, every layout is a bijection, and every layout that the
-exported variants use reads and writes shared memory without bank conflicts."""
+the planned windows sort (one CTA, and the split network of a CTA pair), every layout is
+a bijection, and every layout that the exported variants use reads and writes shared
+memory without bank conflicts."""
 import random
 import sys
 from pathlib import Path
@@ -8,10 +9,29 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cute_dsl_aot"))
+import export  # noqa: E402
 import sort_plan  # noqa: E402
 
-# (log2 of the sort size, log2 of the keys per thread) of the exported variants
-VARIANT_PLANS = [(9, 3), (10, 3), (11, 3), (12, 3), (13, 3), (14, 4)]
+# (log2 of the keys one CTA sorts, log2 of the keys per thread) of the exported variants:
+# a pair's CTA sorts half of S with the full network, then merges it (merge_stages)
+_SINGLE = sorted({(size.bit_length() - 1, log_r)
+                  for _, _, size, _, log_r, pair in export.VARIANTS if not pair})
+_HALVES = sorted({(size.bit_length() - 2, log_r)
+                  for _, _, size, _, log_r, pair in export.VARIANTS if pair})
+VARIANT_PLANS = _SINGLE + _HALVES
+
+
+def exported_windows():
+    """(m, log_r, windows) of every plan an exported variant runs."""
+    for m, log_r in _SINGLE:
+        yield m, log_r, sort_plan.plan_windows(m, log_r)
+    for m, log_r in _HALVES:
+        yield m, log_r, sort_plan.plan_windows(m, log_r)
+        yield m, log_r, sort_plan.plan_windows(m, log_r, sort_plan.merge_stages(m))
+
+
+def test_exported_variants_have_plans():
+    assert _SINGLE and _HALVES
 
 
 @pytest.mark.parametrize("m,log_r", [(3, 1), (5, 2), (6, 3), (8, 3), (9, 3), (10, 4), (11, 3)])
@@ -22,43 +42,65 @@ def test_plan_sorts_descending(m, log_r):
         assert sort_plan.simulate(keys, log_r) == sorted(keys, reverse=True)
 
 
-@pytest.mark.parametrize("m,log_r", VARIANT_PLANS)
-def test_layouts_are_bijections(m, log_r):
-    for window in sort_plan.plan_windows(m, log_r):
-        lay = window.layout
-        cells = {lay.element(t, r) for t in range(1 << (m - log_r)) for r in range(1 << log_r)}
-        assert cells == set(range(1 << m))
-        for L, j in window.stages:  # every stage of the window is register-local
-            assert j in lay.reg_bits and 1 <= L <= m and j < L
+@pytest.mark.parametrize("m,log_r", [(3, 1), (5, 2), (9, 2), (10, 2), (11, 2), (12, 2),
+                                     (10, 3)])
+def test_pair_plan_sorts_descending(m, log_r):
+    rng = random.Random(m * 10 + log_r + 1)
+    for distinct in (1, 2, 50, 1 << 30):
+        keys = [rng.randrange(distinct) for _ in range(1 << m)]
+        assert sort_plan.simulate_pair(keys, log_r) == sorted(keys, reverse=True)
 
 
-@pytest.mark.parametrize("m,log_r", VARIANT_PLANS)
-def test_shared_accesses_conflict_free(m, log_r):
-    assert sorted(sort_plan.swizzle(e, m) for e in range(1 << m)) == list(range(1 << m))
-    for window in sort_plan.plan_windows(m, log_r):
-        assert sort_plan.conflict_free(window.layout, m), window.layout
+def test_layouts_are_bijections():
+    for m, log_r, windows in exported_windows():
+        for window in windows:
+            lay = window.layout
+            cells = {lay.element(t, r)
+                     for t in range(1 << (m - log_r)) for r in range(1 << log_r)}
+            assert cells == set(range(1 << m))
+            for L, j in window.stages:  # every stage of the window is register-local
+                assert j in lay.reg_bits and 1 <= L <= m and j < L
+
+
+def test_shared_accesses_conflict_free():
+    for m, log_r, windows in exported_windows():
+        assert sorted(sort_plan.swizzle(e, m) for e in range(1 << m)) == list(range(1 << m))
+        for window in windows:
+            assert sort_plan.conflict_free(window.layout, m), (m, log_r, window.layout)
 
 
 def test_plan_covers_the_network():
     for m, log_r in VARIANT_PLANS:
-        stages = [st for w in sort_plan.plan_windows(m, log_r) for st in w.stages]
-        assert stages == sort_plan.bitonic_stages(m)
-        last = sort_plan.plan_windows(m, log_r)[-1].layout
-        assert last.reg_bits == tuple(range(log_r))  # each thread ends with consecutive keys
+        for part in (None, sort_plan.merge_stages(m)):
+            windows = sort_plan.plan_windows(m, log_r, part)
+            stages = [st for w in windows for st in w.stages]
+            assert stages == (sort_plan.bitonic_stages(m) if part is None else part)
+            # each thread ends with consecutive keys
+            assert windows[-1].layout.reg_bits == tuple(range(log_r))
 
 
-@pytest.mark.parametrize("m,log_r", VARIANT_PLANS)
+@pytest.mark.parametrize("m,log_r", _SINGLE)
 def test_warp_local_transitions_keep_keys_in_their_warp(m, log_r):
     """A transition the kernel orders with a warp barrier only moves keys within warps."""
     windows = sort_plan.plan_windows(m, log_r)
+    check_warp_local_transitions(windows, m, log_r)
+    local = sum(sort_plan.warp_local(a.layout, b.layout) for a, b in zip(windows, windows[1:]))
+    assert local >= len(windows) // 3  # most transitions on the low bits stay in warps
+
+
+@pytest.mark.parametrize("m,log_r", _HALVES)
+def test_pair_warp_local_transitions_keep_keys_in_their_warp(m, log_r):
+    check_warp_local_transitions(sort_plan.plan_windows(m, log_r), m, log_r)
+    check_warp_local_transitions(
+        sort_plan.plan_windows(m, log_r, sort_plan.merge_stages(m)), m, log_r)
+
+
+def check_warp_local_transitions(windows, m, log_r):
     threads = 1 << (m - log_r)
-    local = 0
     for a, b in zip(windows, windows[1:]):
         if not sort_plan.warp_local(a.layout, b.layout):
             continue
-        local += 1
         for warp in range(threads // 32):
             owned = [{lay.element(t, r) for t in range(warp * 32, warp * 32 + 32)
                       for r in range(1 << log_r)} for lay in (a.layout, b.layout)]
             assert owned[0] == owned[1]
-    assert local >= len(windows) // 3  # most transitions on the low bits stay in warps
