@@ -288,6 +288,25 @@ def _make_merge_topk(device, copies, rows=64, k=2048, world=4):
     return calls
 
 
+@case("pack + stable_topk (no exchange)", "rows=64 k=2048 W=4", 64 * 2048 * (4 + 8 + 4 * 8 + 4),
+      None, 20.0)
+def _make_pack_select(device, copies, rows=64, k=2048, world=4):
+    # the issue's target pair without the all-gather: this rank's pack, then the stable
+    # top-K of the W ranks' candidates (gathered once up front)
+    calls = []
+    for i in range(copies):
+        logits, ids = _pack_inputs(rows, k, device, seed=i)
+        gathered = torch.stack([dsa_ext.pack_dcp_topk_candidates(logits, ids, r, world)
+                                for r in range(world)])
+        packed, out = torch.empty_like(gathered[0]), torch.empty_like(ids)
+
+        def call(lg=logits, t=ids, p=packed, g=gathered, o=out):
+            dsa_ext.pack_dcp_topk_candidates(lg, t, 0, world, out=p)
+            dsa_ext.stable_topk_from_candidates(g, k, out=o)
+        calls.append(call)
+    return calls
+
+
 def _register_correction(dtype: torch.dtype, B=64, H=128, D=512, world=4):
     size = torch.finfo(dtype).bits // 8
     nbytes = 2 * B * H * D * size + world * B * H * 4
