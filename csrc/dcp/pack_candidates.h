@@ -36,12 +36,14 @@ struct PackCandidatesArgs {
  */
 DSA_HD uint64_t pack_candidate(const PackCandidatesArgs& a, int64_t row, int64_t row_start,
                                int32_t local) {
-  if (local < 0 || a.logits.cols <= 0) return kInvalidCandidateKey;
+  // No early return: on the GPU the score load is a predicated instruction, issued as
+  // soon as the id arrives, with the id arithmetic behind it.
+  const bool token = local >= 0 && a.logits.cols > 0;
   int64_t col = static_cast<int64_t>(local) + row_start;
   col = col < 0 ? 0 : (col >= a.logits.cols ? a.logits.cols - 1 : col);
-  const uint32_t bits = load_read_only(&a.logits(row, col));
-  const int64_t gid = a.dcp.world == 1 ? local : a.dcp.global(local, a.rank);
-  return encode_candidate_key(bits, gid);
+  const uint32_t bits = token ? load_read_only(&a.logits(row, col)) : 0u;
+  const int64_t gid = !token ? -1 : (a.dcp.world == 1 ? local : a.dcp.global(local, a.rank));
+  return encode_candidate_key(bits, gid);  // gid -1: the invalid key
 }
 
 DSA_HD int64_t pack_row_start(const PackCandidatesArgs& a, int64_t row) {
