@@ -272,32 +272,39 @@ def _fake_gather_from(gathered: torch.Tensor):
     return hook
 
 
-@case("merge_topk_global (fake exchange)", "rows=64 k=2048 W=4", 64 * 2048 * (4 + 8 + 4 * 8 + 4),
-      None, 20.0)
+# ids read, keys written, a score gathered; W ranks' keys read, ids written (64 rows, W = 4)
+_MERGE_BYTES = 64 * 2048 * (4 + 8 + 4 + 4 * 8 + 4)
+
+
+def _packed_ranks(rows: int, k: int, world: int, device, seed: int):
+    """One rank's scores and local top-K, and every rank's packed candidates of them."""
+    logits, ids = _pack_inputs(rows, k, device, seed=seed)
+    return logits, ids, [dsa_ext.pack_dcp_topk_candidates(logits, ids, r, world)
+                         for r in range(world)]
+
+
+@case("merge_topk_global (fake exchange)", "rows=64 k=2048 W=4", _MERGE_BYTES, None, 20.0)
 def _make_merge_topk(device, copies, rows=64, k=2048, world=4):
     # pack + a device copy for the all-gather + stable top-K of W*K candidates; the
     # target (20 us) is for pack + select. topk_indices is overwritten in place with
     # global ids, so later calls re-pack those (same shapes and work per call).
     calls = []
     for i in range(copies):
-        logits, ids = _pack_inputs(rows, k, device, seed=i)
-        packed = [dsa_ext.pack_dcp_topk_candidates(logits, ids, r, world) for r in range(world)]
+        logits, ids, packed = _packed_ranks(rows, k, world, device, i)
         hook = _fake_gather_from(torch.cat(packed))
         calls.append(lambda lg=logits, t=ids, h=hook: dsa_ext.merge_topk_global(
             lg, t, k, rank=0, world_size=world, all_gather=h))
     return calls
 
 
-@case("pack + stable_topk (no exchange)", "rows=64 k=2048 W=4", 64 * 2048 * (4 + 8 + 4 * 8 + 4),
-      None, 20.0)
+@case("pack + stable_topk (no exchange)", "rows=64 k=2048 W=4", _MERGE_BYTES, None, 20.0)
 def _make_pack_select(device, copies, rows=64, k=2048, world=4):
     # the issue's target pair without the all-gather: this rank's pack, then the stable
     # top-K of the W ranks' candidates (gathered once up front)
     calls = []
     for i in range(copies):
-        logits, ids = _pack_inputs(rows, k, device, seed=i)
-        gathered = torch.stack([dsa_ext.pack_dcp_topk_candidates(logits, ids, r, world)
-                                for r in range(world)])
+        logits, ids, packed = _packed_ranks(rows, k, world, device, i)
+        gathered = torch.stack(packed)
         packed, out = torch.empty_like(gathered[0]), torch.empty_like(ids)
 
         def call(lg=logits, t=ids, p=packed, g=gathered, o=out):
