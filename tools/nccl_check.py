@@ -1,0 +1,179 @@
+"""Multi-GPU DCP check: merge_topk_global across real ranks over NCCL, one GPU per rank.
+
+    python tools/nccl_check.py --world 2 [--backend nccl|gloo] [--json PATH]
+
+Per rank (spawned processes, rank r on cuda:r with NCCL; gloo runs the same on the CPU):
+1. sharded == unsharded: the merged top-K equals the global top-K of the unsharded
+   scores for interleave 1 and 16, k 512, 2048 and 3000 (ties, -inf/NaN, empty shards);
+2. CUDA graph (NCCL only): merge_topk_global captured once, replayed on new inputs copied
+   into the captured buffers, equals the eager call on those inputs;
+3. timing (NCCL only): rows 1, 64 and 256, k = 2048, a 64K-token context split over the
+   ranks: graph-replay device time per call, eager wall time per call, and the graph time
+   of the all-gather alone (its share of the call).
+Rank 0 prints the results (and writes them to --json). Keep NVLink multicast off
+(NCCL_NVLS_ENABLE=0) on shared hosts.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from dcp_cases import assert_same, free_port, make_topk_case, run_world  # noqa: E402
+
+CONTEXT = 65536  # tokens of the timed rows, split over the ranks
+
+
+def _graph_us(fn, launches: int = 20, replays: int = 10) -> float:
+    """Median device time per call of `launches` calls captured in one graph."""
+    import torch.distributed as dist
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(launches):
+            fn()
+    dist.barrier()
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(replays):
+        dist.barrier()
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / launches)
+    return statistics.median(times)
+
+
+def _eager_us(fn, iters: int = 50) -> float:
+    import torch.distributed as dist
+    fn()
+    torch.cuda.synchronize()
+    dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) * 1e6 / iters
+
+
+def _timed_inputs(rows: int, k: int, world: int, device, seed: int):
+    cols = CONTEXT // world
+    g = torch.Generator(device=device).manual_seed(seed)
+    logits = torch.randn(rows, cols, generator=g, device=device)
+    ids = torch.argsort(torch.rand(rows, cols, generator=g, device=device), dim=1)[:, :k]
+    return logits, ids.to(torch.int32).contiguous()
+
+
+def worker(rank: int, world: int, port: int, backend: str, json_path: str) -> None:
+    import torch.distributed as dist
+
+    import dsa_ext
+    nccl = backend == "nccl"
+    device = torch.device("cuda", rank) if nccl else torch.device("cpu")
+    if nccl:
+        torch.cuda.set_device(device)
+    torch.set_num_threads(1)
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world, timeout=timedelta(seconds=120))
+    report = {"world": world, "backend": backend, "checked": [], "timing": []}
+    try:
+        # 1. sharded == unsharded
+        for interleave in (1, 16):
+            for k in (512, 2048, 3000):
+                case = make_topk_case(100 * interleave + k, world, interleave, rows=6,
+                                      max_len=3 * k, k=k, ties=k != 2048, device=device)
+                mine = case["ranks"][rank]
+                topk = mine["topk"].clone()
+                dsa_ext.merge_topk_global(mine["logits"], topk, k, rank=rank,
+                                          world_size=world, interleave=interleave)
+                ctx = dict(rank=rank, interleave=interleave, k=k)
+                assert_same(topk[:, :k].cpu(), case["want"], "merged top-k", **ctx)
+                assert bool((topk[:, k:] == -1).all()), f"columns >= k must be -1 {ctx}"
+                report["checked"].append(ctx)
+        if nccl:
+            # 2. graph capture, replay on new inputs
+            k, rows = 2048, 64
+            logits, ids = _timed_inputs(rows, k, world, device, seed=rank)
+            topk = ids.clone()
+
+            def merge():
+                topk.copy_(ids)
+                dsa_ext.merge_topk_global(logits, topk, k, rank=rank, world_size=world)
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                merge()
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                merge()
+            for seed in (7, 8):
+                new_logits, new_ids = _timed_inputs(rows, k, world, device, seed=seed + rank)
+                logits.copy_(new_logits)
+                ids.copy_(new_ids)
+                graph.replay()
+                torch.cuda.synchronize()
+                want = new_ids.clone()
+                dsa_ext.merge_topk_global(new_logits, want, k, rank=rank, world_size=world)
+                assert_same(topk.cpu(), want.cpu(), "graph replay", rank=rank, seed=seed)
+            report["graph_replay"] = "equal to eager on 2 new inputs"
+            # 3. timing
+            for rows in (1, 64, 256):
+                logits, ids = _timed_inputs(rows, k, world, device, seed=rank)
+                topk = ids.clone()
+                packed = dsa_ext.pack_dcp_topk_candidates(logits, ids, rank, world)
+                gathered = torch.empty((world * rows, k), dtype=torch.int64, device=device)
+
+                def call():
+                    topk.copy_(ids)
+                    dsa_ext.merge_topk_global(logits, topk, k, rank=rank, world_size=world)
+
+                def gather():
+                    dist.all_gather_into_tensor(gathered, packed)
+                report["timing"].append(dict(
+                    rows=rows, k=k, cols_per_rank=CONTEXT // world,
+                    graph_us=round(_graph_us(call), 2), eager_us=round(_eager_us(call), 2),
+                    all_gather_graph_us=round(_graph_us(gather), 2)))
+        dist.barrier()
+        if rank == 0:
+            if nccl:
+                report["device"] = torch.cuda.get_device_name(device)
+                report["torch"] = torch.__version__
+                report["nccl"] = str(torch.cuda.nccl.version())
+            print(json.dumps(report, indent=1), flush=True)
+            if json_path:
+                Path(json_path).write_text(json.dumps(report, indent=1) + "\n")
+    finally:
+        dist.destroy_process_group()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--world", type=int, default=2)
+    parser.add_argument("--backend", choices=("nccl", "gloo"), default="nccl")
+    parser.add_argument("--json", default="", help="write rank 0's report here")
+    args = parser.parse_args()
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    if args.backend == "nccl" and torch.cuda.device_count() < args.world:
+        sys.exit(f"needs {args.world} GPUs, found {torch.cuda.device_count()}")
+    run_world(args.world, worker, args=(args.backend, args.json), timeout=600)
+
+
+if __name__ == "__main__":
+    main()
