@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from dcp_cases import assert_same, free_port, make_topk_case, run_world  # noqa: E402
+from dcp_cases import assert_same, make_topk_case, run_world  # noqa: E402
 
 CONTEXT = 65536  # tokens of the timed rows, split over the ranks
 
