@@ -379,8 +379,9 @@ def make_stable_topk(num_threads: int, sort_size: int, items_per_thread: int = 0
     log_r: the sort holds ``2^log_r`` keys per thread (``S >> log_r`` sorting threads).
     pair: a cluster of two CTAs per row (register variants only): each holds every other
         (segment, chunk) pair, they add their histograms through distributed shared
-        memory and gather into CTA 0, which sorts. Halves the select and gather of a row
-        when there are SMs to spare (few rows).
+        memory, and each CTA sorts half of the gathered keys (:func:`_pair_sort`; log_r
+        then counts the keys per thread of a CTA's half). Halves the select, gather and
+        sort work per SM when there are SMs to spare (few rows).
     """
     assert num_threads % 32 == 0 and num_threads >= NUM_BINS
     assert sort_size & (sort_size - 1) == 0 and sort_size >= 512
