@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 from datetime import timedelta
@@ -28,36 +27,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from dcp_cases import assert_same, make_topk_case, run_world  # noqa: E402
+from dsa_ext.bench import graph_us  # noqa: E402
 
 CONTEXT = 65536  # tokens of the timed rows, split over the ranks
-
-
-def _graph_us(fn, launches: int = 20, replays: int = 10) -> float:
-    """Median device time per call of `launches` calls captured in one graph."""
-    import torch.distributed as dist
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(launches):
-            fn()
-    dist.barrier()
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(replays):
-        dist.barrier()
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / launches)
-    return statistics.median(times)
 
 
 def _eager_us(fn, iters: int = 50) -> float:
@@ -148,8 +120,10 @@ def worker(rank: int, world: int, port: int, backend: str, json_path: str) -> No
                     dist.all_gather_into_tensor(gathered, packed)
                 report["timing"].append(dict(
                     rows=rows, k=k, cols_per_rank=CONTEXT // world,
-                    graph_us=round(_graph_us(call), 2), eager_us=round(_eager_us(call), 2),
-                    all_gather_graph_us=round(_graph_us(gather), 2)))
+                    graph_us=round(graph_us([call], replays=10, before_replay=dist.barrier), 2),
+                    eager_us=round(_eager_us(call), 2),
+                    all_gather_graph_us=round(
+                        graph_us([gather], replays=10, before_replay=dist.barrier), 2)))
         dist.barrier()
         if rank == 0:
             if nccl:

@@ -54,8 +54,12 @@ def case(op, shape, bytes_moved, baseline_us=None, target_us=None, l2_warm=False
 # ---------------------------------------------------------------------------------------
 
 
-def graph_us(calls: list, launches: int = 20, replays: int = 15) -> float:
-    """Median per-launch device time of `launches` calls captured in one CUDA graph."""
+def graph_us(calls: list, launches: int = 20, replays: int = 15,
+             before_replay: Optional[Callable[[], None]] = None) -> float:
+    """Median per-launch device time of `launches` calls captured in one CUDA graph.
+
+    `before_replay` runs before every replay (a process-group barrier, so that ranks
+    whose graphs hold collectives start together)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -67,11 +71,14 @@ def graph_us(calls: list, launches: int = 20, replays: int = 15) -> float:
     with torch.cuda.graph(graph):
         for i in range(launches):
             calls[i % len(calls)]()
+    before_replay = before_replay or (lambda: None)
+    before_replay()
     graph.replay()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     times = []
     for _ in range(replays):
+        before_replay()
         start.record()
         graph.replay()
         end.record()
