@@ -312,9 +312,9 @@ def _make_pack_select(device, copies, rows=64, k=2048, world=4):
     for i in range(copies):
         logits, ids, packed = _packed_ranks(rows, k, world, device, i)
         gathered = torch.stack(packed)
-        packed, out = torch.empty_like(gathered[0]), torch.empty_like(ids)
+        mine, out = torch.empty_like(gathered[0]), torch.empty_like(ids)
 
-        def call(lg=logits, t=ids, p=packed, g=gathered, o=out):
+        def call(lg=logits, t=ids, p=mine, g=gathered, o=out):
             dsa_ext.pack_dcp_topk_candidates(lg, t, 0, world, out=p)
             dsa_ext.stable_topk_from_candidates(g, k, out=o)
         calls.append(call)
