@@ -35,6 +35,8 @@ two). With ``sel = min(k, N)``:
    memory only between windows of stages (``sort_plan.py``), with one barrier each. A
    pair splits the network (:func:`_pair_sort`): each CTA sorts its half, one
    compare-exchange crosses the CTAs, each merges its half; a CTA sorts half the keys.
+   Meanwhile the threads that do not sort prefetch into L2 the row ``%nsmid`` rows
+   ahead, the one this SM likely runs next (single CTAs only: pairs run in one wave).
 4. Write ``out[row, i]`` for ``i < k``: the decoded gid of the i-th key for
    ``i < sel_eff``, else -1.
 
@@ -107,6 +109,28 @@ def _cluster_load_i64(addr: Int32) -> Int64:
 def _cluster_add_i32(addr: Int32, value: Int32) -> Int32:
     return Int32(_asm(T.i32(), [addr, value], "atom.shared::cluster.add.u32 $0, [$1], $2;",
                       "=r,r,r"))
+
+
+def _num_sms() -> Int32:
+    """%nsmid: an upper bound of the SM ids (the SM count, or a little more)."""
+    return Int32(_asm(T.i32(), [], "mov.u32 $0, %nsmid;", "=r"))
+
+
+@cute.jit
+def _prefetch_row(cand: cute.Tensor, row: Int32, ahead: Int32, t: Int32,
+                  nt: cutlass.Constexpr[int]):
+    """Thread t of nt pulls row ``row + ahead`` of every segment (if it exists) into L2,
+    one 128-byte line (16 keys) each."""
+    if ahead < cand.shape[1] - row:  # no Int32 overflow near 2^31 rows
+        row = row + ahead
+        lines = (cand.shape[2] + 15) // 16
+        seg_stride, row_stride, col_stride = cand.stride
+        for j in cutlass.range(t, cand.shape[0] * lines, nt):
+            w = j // lines
+            off = (Int64(w) * seg_stride + Int64(row) * row_stride
+                   + Int64((j - w * lines) * 16) * col_stride)
+            addr = Int64(llvm.ptrtoint(T.i64(), (cand.iterator + off).llvm_ptr))
+            _asm(None, [addr], "prefetch.global.L2 [$0];", "l")
 
 
 def _sort_buffers(sort_size: int) -> int:
@@ -588,6 +612,12 @@ def make_stable_topk(num_threads: int, sort_size: int, items_per_thread: int = 0
                 cute.arch.cluster_wait()
         elif tidx < num_sorters:
             _register_sort(tidx, bufs, m, log_r, num_sorters, out, row, k, sel_eff)
+        elif cutlass.const_expr(NT > num_sorters):
+            # Idle during the sort: pull into L2 the row that this SM likely runs next
+            # (CTAs start in row order as SMs free up), so that with more rows than SMs
+            # the next CTA's loads hit L2 (H200, W = 8 or streamed rows: -5 to -7% at
+            # 1024 rows; W = 4 register rows: -0.3%).
+            _prefetch_row(cand, row, _num_sms(), tidx - num_sorters, NT - num_sorters)
         if rank == 0:
             for i in cutlass.range(S + tidx, k, NT):  # k > S: slots past the sort
                 out[row, i] = Int32(-1)

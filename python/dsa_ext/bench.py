@@ -350,8 +350,8 @@ for _dtype in (torch.bfloat16, torch.float32):
 # ---------------------------------------------------------------------------------------
 
 
-def _register_stable_topk(rows: int, world: int, baseline: Optional[float], target: float,
-                          K: int = 2048, k: int = 2048, ties: bool = False,
+def _register_stable_topk(rows: int, world: int, baseline: Optional[float],
+                          target: Optional[float], K: int = 2048, k: int = 2048, ties: bool = False,
                           l2_warm: bool = False):
     nbytes = world * rows * K * 8 + rows * k * 4  # candidates read once, ids written
 
@@ -377,6 +377,7 @@ def _register_stable_topk(rows: int, world: int, baseline: Optional[float], targ
 _register_stable_topk(64, 4, 110.0, 15.0)
 _register_stable_topk(1024, 4, 682.0, 100.0)
 _register_stable_topk(64, 8, None, 25.0)
+_register_stable_topk(1024, 8, None, None)  # no target; 16 keys per thread in registers
 _register_stable_topk(64, 4, None, 15.0, ties=True)
 _register_stable_topk(64, 4, None, 15.0, l2_warm=True)
 
