@@ -1,15 +1,19 @@
-"""Multi-GPU DCP check: merge_topk_global across real ranks over NCCL, one GPU per rank.
+"""Multi-GPU DCP check: merge_topk_global and merge_attention_outputs across real ranks
+over NCCL, one GPU per rank.
 
     python tools/nccl_check.py --world 2 [--backend nccl|gloo] [--json PATH]
 
 Per rank (spawned processes, rank r on cuda:r with NCCL; gloo runs the same on the CPU):
 1. sharded == unsharded: the merged top-K equals the global top-K of the unsharded
-   scores for interleave 1 and 16, k 512, 2048 and 3000 (ties, -inf/NaN, empty shards);
+   scores for interleave 1 and 16, k 512, 2048 and 3000 (ties, -inf/NaN, empty shards),
+   and merging each rank's attention over its share of that selection gives the
+   attention over the whole selection (fp32 and bf16 partial outputs);
 2. CUDA graph (NCCL only): merge_topk_global captured once, replayed on new inputs copied
    into the captured buffers, equals the eager call on those inputs;
 3. timing (NCCL only): rows 1, 64 and 256, k = 2048, a 64K-token context split over the
    ranks: graph-replay device time per call, eager wall time per call, and the graph time
-   of the all-gather alone (its share of the call).
+   of the all-gather alone (its share of the call); merge_attention_outputs for B = 64,
+   H = 128, D = 512 (bf16), graph and eager.
 Rank 0 prints the results (and writes them to --json). Keep NVLink multicast off
 (NCCL_NVLS_ENABLE=0) on shared hosts.
 """
@@ -26,8 +30,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from dcp_cases import assert_same, make_topk_case, run_world  # noqa: E402
-from dsa_ext.bench import graph_us  # noqa: E402
+from dcp_cases import (assert_same, make_attention_inputs, make_topk_case,  # noqa: E402
+                       run_world, shard_selection, sparse_attention)
+from dsa_ext.bench import _pack_inputs, graph_us  # noqa: E402
 
 CONTEXT = 65536  # tokens of the timed rows, split over the ranks
 
@@ -45,11 +50,28 @@ def _eager_us(fn, iters: int = 50) -> float:
 
 
 def _timed_inputs(rows: int, k: int, world: int, device, seed: int):
-    cols = CONTEXT // world
-    g = torch.Generator(device=device).manual_seed(seed)
-    logits = torch.randn(rows, cols, generator=g, device=device)
-    ids = torch.argsort(torch.rand(rows, cols, generator=g, device=device), dim=1)[:, :k]
-    return logits, ids.to(torch.int32).contiguous()
+    return _pack_inputs(rows, k, device, seed, cols=CONTEXT // world)
+
+
+def _check_attention(dsa_ext, topk, k: int, case: dict, case_seed: int, rank: int,
+                     world: int, interleave: int, device, ctx: dict) -> None:
+    """merge_attention_outputs over this rank's share of the merged selection == the
+    attention over all of it (reference attention on the CPU, the merge on `device`)."""
+    sel = topk[:, :k].cpu()
+    q, keys, values = make_attention_inputs(case_seed, sel.shape[0],
+                                            case["scores"].shape[1], heads=4 * world)
+    part_out, part_lse = sparse_attention(q, keys, values,
+                                          shard_selection(sel, rank, world, interleave))
+    full_out, full_lse = sparse_attention(q, keys, values, sel)
+    heads = slice(rank * 4, (rank + 1) * 4)
+    for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
+        merged, lse = dsa_ext.merge_attention_outputs(
+            part_out.to(device, dtype), part_lse.to(device), rank=rank, world_size=world,
+            return_lse=True)
+        torch.testing.assert_close(merged.float().cpu(), torch.nan_to_num(full_out[:, heads]),
+                                   rtol=tol, atol=tol, msg=lambda m: f"{m} {ctx} {dtype}")
+        torch.testing.assert_close(lse.cpu(), full_lse[:, heads], rtol=1e-5, atol=1e-5,
+                                   msg=lambda m: f"lse {m} {ctx} {dtype}")
 
 
 def worker(rank: int, world: int, port: int, backend: str, json_path: str) -> None:
@@ -77,6 +99,8 @@ def worker(rank: int, world: int, port: int, backend: str, json_path: str) -> No
                 ctx = dict(rank=rank, interleave=interleave, k=k)
                 assert_same(topk[:, :k].cpu(), case["want"], "merged top-k", **ctx)
                 assert bool((topk[:, k:] == -1).all()), f"columns >= k must be -1 {ctx}"
+                _check_attention(dsa_ext, topk, k, case, 100 * interleave + k, rank, world,
+                                 interleave, device, ctx)
                 report["checked"].append(ctx)
         if nccl:
             # 2. graph capture, replay on new inputs
@@ -124,6 +148,19 @@ def worker(rank: int, world: int, port: int, backend: str, json_path: str) -> No
                     eager_us=round(_eager_us(call), 2),
                     all_gather_graph_us=round(
                         graph_us([gather], replays=10, before_replay=dist.barrier), 2)))
+            B, H, D = 64, 128, 512
+            g = torch.Generator(device=device).manual_seed(rank)
+            part_out = torch.randn(B, H, D, generator=g, device=device).to(torch.bfloat16)
+            part_lse = torch.randn(B, H, generator=g, device=device)
+
+            def merge_attention():
+                dsa_ext.merge_attention_outputs(part_out, part_lse, rank=rank,
+                                                world_size=world)
+            report["attention_timing"] = dict(
+                B=B, H=H, D=D, dtype="bfloat16",
+                graph_us=round(graph_us([merge_attention], replays=10,
+                                        before_replay=dist.barrier), 2),
+                eager_us=round(_eager_us(merge_attention), 2))
         dist.barrier()
         if rank == 0:
             if nccl:
