@@ -74,6 +74,73 @@ def _check_attention(dsa_ext, topk, k: int, case: dict, case_seed: int, rank: in
                                    msg=lambda m: f"lse {m} {ctx} {dtype}")
 
 
+def _graph_and_timing(dsa_ext, rank: int, world: int, device) -> dict:
+    """Steps 2 and 3 (NCCL). A function of its own so that its CUDA graphs, which hold
+    NCCL kernels, are freed before the process group is destroyed (a run that still held
+    one at that point hung at exit)."""
+    import torch.distributed as dist
+    report = {"timing": []}
+    # 2. graph capture, replay on new inputs
+    k, rows = 2048, 64
+    logits, ids = _timed_inputs(rows, k, world, device, seed=rank)
+    topk = ids.clone()
+
+    def merge():
+        topk.copy_(ids)
+        dsa_ext.merge_topk_global(logits, topk, k, rank=rank, world_size=world)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        merge()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        merge()
+    for seed in (7, 8):
+        new_logits, new_ids = _timed_inputs(rows, k, world, device, seed=seed + rank)
+        logits.copy_(new_logits)
+        ids.copy_(new_ids)
+        graph.replay()
+        torch.cuda.synchronize()
+        want = new_ids.clone()
+        dsa_ext.merge_topk_global(new_logits, want, k, rank=rank, world_size=world)
+        assert_same(topk.cpu(), want.cpu(), "graph replay", rank=rank, seed=seed)
+    report["graph_replay"] = "equal to eager on 2 new inputs"
+    # 3. timing
+    for rows in (1, 64, 256):
+        logits, ids = _timed_inputs(rows, k, world, device, seed=rank)
+        topk = ids.clone()
+        packed = dsa_ext.pack_dcp_topk_candidates(logits, ids, rank, world)
+        gathered = torch.empty((world * rows, k), dtype=torch.int64, device=device)
+
+        def call():
+            topk.copy_(ids)
+            dsa_ext.merge_topk_global(logits, topk, k, rank=rank, world_size=world)
+
+        def gather():
+            dist.all_gather_into_tensor(gathered, packed)
+        report["timing"].append(dict(
+            rows=rows, k=k, cols_per_rank=CONTEXT // world,
+            graph_us=round(graph_us([call], replays=10, before_replay=dist.barrier), 2),
+            eager_us=round(_eager_us(call), 2),
+            all_gather_graph_us=round(
+                graph_us([gather], replays=10, before_replay=dist.barrier), 2)))
+    B, H, D = 64, 128, 512
+    g = torch.Generator(device=device).manual_seed(rank)
+    part_out = torch.randn(B, H, D, generator=g, device=device).to(torch.bfloat16)
+    part_lse = torch.randn(B, H, generator=g, device=device)
+
+    def merge_attention():
+        dsa_ext.merge_attention_outputs(part_out, part_lse, rank=rank,
+                                        world_size=world)
+    report["attention_timing"] = dict(
+        B=B, H=H, D=D, dtype="bfloat16",
+        graph_us=round(graph_us([merge_attention], replays=10,
+                                before_replay=dist.barrier), 2),
+        eager_us=round(_eager_us(merge_attention), 2))
+    return report
+
+
 def worker(rank: int, world: int, port: int, backend: str, json_path: str) -> None:
     import torch.distributed as dist
 
@@ -103,64 +170,7 @@ def worker(rank: int, world: int, port: int, backend: str, json_path: str) -> No
                                  interleave, device, ctx)
                 report["checked"].append(ctx)
         if nccl:
-            # 2. graph capture, replay on new inputs
-            k, rows = 2048, 64
-            logits, ids = _timed_inputs(rows, k, world, device, seed=rank)
-            topk = ids.clone()
-
-            def merge():
-                topk.copy_(ids)
-                dsa_ext.merge_topk_global(logits, topk, k, rank=rank, world_size=world)
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                merge()
-            torch.cuda.current_stream().wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                merge()
-            for seed in (7, 8):
-                new_logits, new_ids = _timed_inputs(rows, k, world, device, seed=seed + rank)
-                logits.copy_(new_logits)
-                ids.copy_(new_ids)
-                graph.replay()
-                torch.cuda.synchronize()
-                want = new_ids.clone()
-                dsa_ext.merge_topk_global(new_logits, want, k, rank=rank, world_size=world)
-                assert_same(topk.cpu(), want.cpu(), "graph replay", rank=rank, seed=seed)
-            report["graph_replay"] = "equal to eager on 2 new inputs"
-            # 3. timing
-            for rows in (1, 64, 256):
-                logits, ids = _timed_inputs(rows, k, world, device, seed=rank)
-                topk = ids.clone()
-                packed = dsa_ext.pack_dcp_topk_candidates(logits, ids, rank, world)
-                gathered = torch.empty((world * rows, k), dtype=torch.int64, device=device)
-
-                def call():
-                    topk.copy_(ids)
-                    dsa_ext.merge_topk_global(logits, topk, k, rank=rank, world_size=world)
-
-                def gather():
-                    dist.all_gather_into_tensor(gathered, packed)
-                report["timing"].append(dict(
-                    rows=rows, k=k, cols_per_rank=CONTEXT // world,
-                    graph_us=round(graph_us([call], replays=10, before_replay=dist.barrier), 2),
-                    eager_us=round(_eager_us(call), 2),
-                    all_gather_graph_us=round(
-                        graph_us([gather], replays=10, before_replay=dist.barrier), 2)))
-            B, H, D = 64, 128, 512
-            g = torch.Generator(device=device).manual_seed(rank)
-            part_out = torch.randn(B, H, D, generator=g, device=device).to(torch.bfloat16)
-            part_lse = torch.randn(B, H, generator=g, device=device)
-
-            def merge_attention():
-                dsa_ext.merge_attention_outputs(part_out, part_lse, rank=rank,
-                                                world_size=world)
-            report["attention_timing"] = dict(
-                B=B, H=H, D=D, dtype="bfloat16",
-                graph_us=round(graph_us([merge_attention], replays=10,
-                                        before_replay=dist.barrier), 2),
-                eager_us=round(_eager_us(merge_attention), 2))
+            report.update(_graph_and_timing(dsa_ext, rank, world, device))
         dist.barrier()
         if rank == 0:
             if nccl:
@@ -171,6 +181,8 @@ def worker(rank: int, world: int, port: int, backend: str, json_path: str) -> No
             if json_path:
                 Path(json_path).write_text(json.dumps(report, indent=1) + "\n")
     finally:
+        if nccl:
+            torch.cuda.synchronize()
         dist.destroy_process_group()
 
 
