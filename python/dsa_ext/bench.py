@@ -351,8 +351,8 @@ for _dtype in (torch.bfloat16, torch.float32):
 
 
 def _register_stable_topk(rows: int, world: int, baseline: Optional[float],
-                          target: Optional[float], K: int = 2048, k: int = 2048, ties: bool = False,
-                          l2_warm: bool = False):
+                          target: Optional[float], K: int = 2048, k: int = 2048,
+                          ties: bool = False, l2_warm: bool = False):
     nbytes = world * rows * K * 8 + rows * k * 4  # candidates read once, ids written
 
     @case("stable_topk_from_candidates", f"rows={rows} W={world} k={k}{' ties' if ties else ''}",
