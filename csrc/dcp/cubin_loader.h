@@ -22,7 +22,7 @@ struct EmbeddedKernel {
   unsigned block[3];
   unsigned cluster[3];
   unsigned dynamic_smem;  // bytes
-  int64_t capacity;       // stable_topk: keys the sort orders (its size S)
+  int64_t sort_size;        // stable_topk: keys the sort orders (S)
   int64_t keys_per_thread;  // stable_topk: register slots per thread (0: row streamed)
 };
 

@@ -49,7 +49,7 @@ void stable_topk_cuda(const TopkCandidates& cand, const Strided2D<int32_t>& out,
     // A register variant holds one key of every (segment, block-wide chunk) per thread
     // (the CTAs of a cluster share them out).
     const int64_t chunks = cand.segments * ((cand.seg_len + e.block[0] - 1) / e.block[0]);
-    if (e.capacity >= n_sort &&
+    if (e.sort_size >= n_sort &&
         (e.keys_per_thread == 0 || chunks <= e.keys_per_thread * e.cluster[0])) {
       chosen = &variants[i];
     }
