@@ -240,6 +240,60 @@ def test_shared_prefix_rows(device, n, k):
     check(make_prefix_rows(n, k, seed=n + k), k, device)
 
 
+def make_run_rows(n: int, k: int, rows: int, seed: int) -> torch.Tensor:
+    """Rows whose keys come in runs that share all but the low m bits of their high word
+    (m = log2 of the CUDA sort size: the next power of two >= min(k, n), at least 512):
+    runs of 1 to 9 keys, runs of one score (ordered by id) and of one key (duplicates),
+    shortfalls, and negative NaN scores whose high words are below 2^m, next to the
+    padding; each row type repeated with fresh numbers. (A 32-bit sort of such prefixes
+    with the slot as tie-break, tried in the lab, had to order these runs by the full
+    keys.)"""
+    m = max(9, (min(k, n) - 1).bit_length())
+    g = torch.Generator().manual_seed(seed)
+
+    def keys(hi, gids):  # hi: the ordered score bits, [0, 2^32)
+        return torch.where(hi >= 2**31, hi - 2**32, hi) * 2**32 + (~gids.long() & 0xFFFFFFFF)
+
+    def run_heads(run):  # distinct prefixes (positive scores), each `run` times
+        span = 2**(31 - m)
+        choices = min(span, 4 * n)
+        heads = torch.randperm(choices, generator=g)[: n // run + 1] * (span // choices) + span
+        return heads.repeat_interleave(run)[:n].long() << m
+
+    out = []
+    while len(out) < rows:
+        gids = torch.randperm(4 * n, generator=g)[:n].int()
+        low = torch.randint(0, 2**m, (n,), generator=g)
+        for run in (1, 2, 3, 5, 8, 9):
+            out.append(keys(run_heads(run) | low, gids))
+        same_score = keys(run_heads(8) | 5, gids)  # runs of equal scores: ids decide
+        out.append(same_score)
+        dup = same_score.clone()  # runs holding the same key twice
+        dup[1::4] = dup[0::4]
+        out.append(dup)
+        for valid in (k - 1, 30):  # shortfall: padding after the last candidate
+            row = keys(run_heads(2) | low, gids)
+            row[torch.randperm(n, generator=g)[: n - valid]] = 0
+            out.append(row)
+            nan_neg = row.clone()  # high words below 2^m: negative NaN scores
+            nz = nan_neg.nonzero()[:, 0]
+            pick = nz[torch.randperm(len(nz), generator=g)[: max(1, valid // 3)]]
+            nan_neg[pick] = keys(torch.randint(1, 2**m, (len(pick),), generator=g),
+                                 gids[pick])
+            out.append(nan_neg)
+    return torch.stack(out[:rows])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("n,k", [(400, 100), (8192, 2048), (16384, 2048), (12000, 3000),
+                                 (12000, 9000)])
+@pytest.mark.parametrize("rows", [12, 150])
+def test_runs_of_shared_prefixes(device, n, k, rows):
+    """Runs of keys that agree on their high bits, with shortfalls and negative NaNs next
+    to the padding, in CTA pairs (12 rows) and single CTAs (150 rows)."""
+    check(make_run_rows(n, k, rows, seed=n + k + rows), k, device)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_all_invalid(device):
     check(torch.zeros(3, 40, dtype=torch.int64), 8, device)
