@@ -251,8 +251,10 @@ def make_run_rows(n: int, k: int, rows: int, seed: int) -> torch.Tensor:
     m = max(9, (min(k, n) - 1).bit_length())
     g = torch.Generator().manual_seed(seed)
 
-    def keys(hi, gids):  # hi: the ordered score bits, [0, 2^32)
-        return torch.where(hi >= 2**31, hi - 2**32, hi) * 2**32 + (~gids.long() & 0xFFFFFFFF)
+    def keys(hi, gids):  # hi: the ordered score bits, [0, 2^32) (reference.ordered_score_bits)
+        bits = torch.where(hi >= 2**31, hi - 2**31, ~hi & 0xFFFFFFFF)
+        scores = torch.where(bits >= 2**31, bits - 2**32, bits).int().view(torch.float32)
+        return reference.encode_candidate_keys(scores, gids)
 
     def run_heads(run):  # distinct prefixes (positive scores), each `run` times
         span = 2**(31 - m)
