@@ -422,6 +422,10 @@ def make_stable_topk(num_threads: int, sort_size: int, items_per_thread: int = 0
 
     @cute.kernel
     def stable_topk_kernel(cand: cute.Tensor, out: cute.Tensor, sel: Int32):
+        # Launched as a programmatic dependent launch: wait for the previous kernel in
+        # the stream (and its writes), then let the next one start launching.
+        cute.arch.griddepcontrol_wait()
+        cute.arch.griddepcontrol_launch_dependents()
         tidx, _, _ = cute.arch.thread_idx()
         block, _, _ = cute.arch.block_idx()
         row = block

@@ -8,8 +8,10 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace dsa {
 
@@ -67,6 +69,60 @@ class DeviceGuard {
  private:
   int previous_ = 0, target_ = 0;
 };
+
+/*!
+ * \brief Whether launches let the next kernel start early (programmatic dependent launch):
+ *        on unless the environment sets DSA_EXT_PDL=0, read once per process.
+ *
+ * A kernel launched this way may start while the previous kernel in the stream still
+ * runs; its first statement, await_previous_kernel(), waits until that kernel has
+ * finished and its writes are visible. What overlaps is the launch and the block
+ * scheduling (about 1 us), which dominate the small decode-step ops. Graph capture keeps
+ * the overlap as a programmatic edge.
+ */
+inline bool programmatic_launch_enabled() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("DSA_EXT_PDL");
+    return v == nullptr || std::string(v) != "0";
+  }();
+  return enabled;
+}
+
+#ifdef __CUDACC__
+/*!
+ * \brief First statement of every kernel: waits for the previous kernel in the stream
+ *        (and for the visibility of its writes), then lets the next one start launching.
+ *
+ * The next kernel's blocks can only launch once every block of this grid has passed this
+ * point, so they never take the place of a block of this grid that has yet to start.
+ */
+__device__ __forceinline__ void await_previous_kernel() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+/*!
+ * \brief Launches `kernel` on `stream`, as a programmatic dependent launch unless
+ *        DSA_EXT_PDL=0; `what` names the op in the error.
+ */
+template <typename... Params, typename... Args>
+void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream,
+                   const char* what, Args&&... args) {
+  cudaLaunchAttribute attribute;
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = 0;
+  config.stream = stream;
+  config.attrs = &attribute;
+  config.numAttrs = programmatic_launch_enabled() ? 1 : 0;
+  throw_on_cuda_error(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...), what);
+}
+#endif
 
 //! Grid dimension x is limited to 2^31 - 1 blocks, y (and z) to 65535.
 constexpr int64_t kMaxGridX = 2147483647;

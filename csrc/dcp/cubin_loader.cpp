@@ -2,6 +2,8 @@
 // per (family, arch) per process, one kernel attribute setup per device, cuLaunchKernelEx.
 #include "cubin_loader.h"
 
+#include "../common/launch.h"
+
 #include <cuda.h>
 #include <dlfcn.h>
 
@@ -240,15 +242,20 @@ void launch_kernel(const LoadedKernel& k, unsigned grid_x, void* stream, void** 
   cfg.blockDimZ = e.block[2];
   cfg.sharedMemBytes = e.dynamic_smem;
   cfg.hStream = static_cast<CUstream>(stream);
-  CUlaunchAttribute attr;
-  std::memset(&attr, 0, sizeof(attr));
+  CUlaunchAttribute attrs[2];
+  std::memset(attrs, 0, sizeof(attrs));
+  cfg.attrs = attrs;
   if (e.cluster[0] * e.cluster[1] * e.cluster[2] > 1) {
-    attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-    attr.value.clusterDim.x = e.cluster[0];
-    attr.value.clusterDim.y = e.cluster[1];
-    attr.value.clusterDim.z = e.cluster[2];
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
+    CUlaunchAttribute& cluster = attrs[cfg.numAttrs++];
+    cluster.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    cluster.value.clusterDim.x = e.cluster[0];
+    cluster.value.clusterDim.y = e.cluster[1];
+    cluster.value.clusterDim.z = e.cluster[2];
+  }
+  if (programmatic_launch_enabled()) {  // the kernels start with griddepcontrol.wait
+    CUlaunchAttribute& early = attrs[cfg.numAttrs++];
+    early.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    early.value.programmaticStreamSerializationAllowed = 1;
   }
   // The caller's stream belongs to the device's primary context (torch uses those).
   const ScopedContext in_device_context(static_cast<CUcontext>(k.context));

@@ -14,6 +14,7 @@ constexpr int kWarps = kThreads / 32;
 
 template <typename T, bool kVector>
 __global__ void __launch_bounds__(kThreads) correct_attn_kernel(const CorrectAttnArgs<T> a) {
+  await_previous_kernel();
   const int64_t B = a.partial.size[0], H = a.partial.size[1], D = a.partial.size[2];
   const int64_t heads_per_rank = a.corrected.size[2];
   const int lane = threadIdx.x % 32;
@@ -58,12 +59,10 @@ void correct_attn_cuda(const CorrectAttnArgs<T>& a, const Place& place) {
   DeviceGuard guard(place.device);
   const int64_t blocks = (rows + kWarps - 1) / kWarps;
   const unsigned grid = static_cast<unsigned>(blocks < kMaxGridX ? blocks : kMaxGridX);
-  if (a.partial.inner_vectorizable() && a.corrected.inner_vectorizable()) {
-    correct_attn_kernel<T, true><<<grid, kThreads, 0, place.cuda_stream()>>>(a);
-  } else {
-    correct_attn_kernel<T, false><<<grid, kThreads, 0, place.cuda_stream()>>>(a);
-  }
-  throw_on_cuda_error(cudaGetLastError(), "merge_attention_outputs correction kernel launch");
+  const bool vector = a.partial.inner_vectorizable() && a.corrected.inner_vectorizable();
+  launch_kernel(vector ? correct_attn_kernel<T, true> : correct_attn_kernel<T, false>, grid,
+                kThreads, place.cuda_stream(), "merge_attention_outputs correction kernel launch",
+                a);
 }
 
 template void correct_attn_cuda<float>(const CorrectAttnArgs<float>&, const Place&);

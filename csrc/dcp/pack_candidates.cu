@@ -17,6 +17,7 @@ constexpr int64_t kLargeBlockCandidates = int64_t{1} << 20;
 
 template <int kThreads>
 __global__ void __launch_bounds__(kThreads) pack_candidates_kernel(const PackCandidatesArgs a) {
+  await_previous_kernel();
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   if (c >= a.topk_indices.cols) return;
   for (int64_t row = blockIdx.y; row < a.topk_indices.rows; row += gridDim.y) {
@@ -30,7 +31,8 @@ void launch(const PackCandidatesArgs& a, const Place& place) {
   const int64_t rows = a.topk_indices.rows, K = a.topk_indices.cols;
   const dim3 grid(static_cast<unsigned>((K + kThreads - 1) / kThreads),
                   static_cast<unsigned>(rows < kMaxGridY ? rows : kMaxGridY));
-  pack_candidates_kernel<kThreads><<<grid, kThreads, 0, place.cuda_stream()>>>(a);
+  launch_kernel(pack_candidates_kernel<kThreads>, grid, kThreads, place.cuda_stream(),
+                "pack_dcp_topk_candidates kernel launch", a);
 }
 
 }  // namespace
@@ -44,7 +46,6 @@ void pack_candidates_cuda(const PackCandidatesArgs& a, const Place& place) {
   } else {
     launch<256>(a, place);
   }
-  throw_on_cuda_error(cudaGetLastError(), "pack_dcp_topk_candidates kernel launch");
 }
 
 }  // namespace dsa

@@ -18,6 +18,7 @@ constexpr int kItems = 8;  // columns per thread per step: two 16-byte stores
 
 template <int kThreads, bool kVector>
 __global__ void __launch_bounds__(kThreads) c128a_metadata_kernel(const C128AArgs a) {
+  await_previous_kernel();
   const int64_t step = static_cast<int64_t>(gridDim.x) * kThreads * kItems;
   for (int64_t t = blockIdx.y; t < a.num_tokens; t += gridDim.y) {
     const C128ARow row = c128a_row(a, t);
@@ -66,11 +67,10 @@ void launch(const C128AArgs& a, const Place& place) {
   const int64_t want_x = (2 * sm_count(place.device) + rows - 1) / rows;  // >= 2 blocks/SM
   const int64_t grid_x = want_x < 1 ? 1 : (want_x > max_x ? max_x : want_x);
   const dim3 grid(static_cast<unsigned>(grid_x), static_cast<unsigned>(rows));
-  if (vectorizable(a.decode) && vectorizable(a.prefill)) {
-    c128a_metadata_kernel<kThreads, true><<<grid, kThreads, 0, place.cuda_stream()>>>(a);
-  } else {
-    c128a_metadata_kernel<kThreads, false><<<grid, kThreads, 0, place.cuda_stream()>>>(a);
-  }
+  const bool vector = vectorizable(a.decode) && vectorizable(a.prefill);
+  launch_kernel(vector ? c128a_metadata_kernel<kThreads, true>
+                       : c128a_metadata_kernel<kThreads, false>,
+                grid, kThreads, place.cuda_stream(), "c128a_metadata kernel launch", a);
 }
 
 }  // namespace
@@ -84,7 +84,6 @@ void c128a_metadata_cuda(const C128AArgs& a, const Place& place) {
   } else {
     launch<128>(a, place);
   }
-  throw_on_cuda_error(cudaGetLastError(), "c128a_metadata kernel launch");
 }
 
 }  // namespace dsa

@@ -22,6 +22,7 @@ __global__ void __launch_bounds__(kThreads, 2048 / kThreads) convert_index_kerne
   constexpr int64_t kTile = static_cast<int64_t>(kThreads) * kItems;
   static_assert(kRuns <= 2 * 32, "one warp scans the run counts, two per lane");
   __shared__ int run_offset[kRuns + 1];  // exclusive prefix of valid slots per run
+  await_previous_kernel();
 
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const unsigned lanes_below = (1u << lane) - 1u;
@@ -112,7 +113,8 @@ void launch_with_threads(const ConvertIndexArgs& a, cudaStream_t stream) {
                                    : convert_index_kernel<kThreads, true, false>)
                           : (dense ? convert_index_kernel<kThreads, false, true>
                                    : convert_index_kernel<kThreads, false, false>);
-  kernel<<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(a);
+  launch_kernel(kernel, static_cast<unsigned>(grid), kThreads, stream,
+                "convert_index kernel launch", a);
 }
 
 }  // namespace
@@ -126,7 +128,6 @@ void convert_index_cuda(const ConvertIndexArgs& a, const Place& place) {
   } else {
     launch_with_threads<256>(a, place.cuda_stream());
   }
-  throw_on_cuda_error(cudaGetLastError(), "convert_index kernel launch");
 }
 
 }  // namespace dsa

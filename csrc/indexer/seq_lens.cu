@@ -16,6 +16,7 @@ unsigned grid_for(int64_t n) {
 
 template <bool kInt64>
 __global__ void __launch_bounds__(kThreads) local_lens_kernel(const LocalLensArgs a) {
+  await_previous_kernel();
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < a.num;
        i += static_cast<int64_t>(gridDim.x) * kThreads) {
     if constexpr (kInt64) {
@@ -27,6 +28,7 @@ __global__ void __launch_bounds__(kThreads) local_lens_kernel(const LocalLensArg
 }
 
 __global__ void __launch_bounds__(kThreads) decode_lens_kernel(const DecodeLensArgs a) {
+  await_previous_kernel();
   for (int64_t t = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
        t < a.num_tokens; t += static_cast<int64_t>(gridDim.x) * kThreads) {
     decode_lens_element(a, t);
@@ -34,6 +36,7 @@ __global__ void __launch_bounds__(kThreads) decode_lens_kernel(const DecodeLensA
 }
 
 __global__ void __launch_bounds__(kThreads) prefill_bounds_kernel(const PrefillBoundsArgs a) {
+  await_previous_kernel();
   for (int64_t t = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
        t < a.num_tokens; t += static_cast<int64_t>(gridDim.x) * kThreads) {
     prefill_bounds_element(a, t);
@@ -46,26 +49,22 @@ void local_lens_cuda(const LocalLensArgs& a, const Place& place) {
   const int64_t n = a.num;
   if (n == 0) return;
   DeviceGuard guard(place.device);
-  if (a.is_int64) {
-    local_lens_kernel<true><<<grid_for(n), kThreads, 0, place.cuda_stream()>>>(a);
-  } else {
-    local_lens_kernel<false><<<grid_for(n), kThreads, 0, place.cuda_stream()>>>(a);
-  }
-  throw_on_cuda_error(cudaGetLastError(), "dcp_local_seq_lens kernel launch");
+  launch_kernel(a.is_int64 ? local_lens_kernel<true> : local_lens_kernel<false>, grid_for(n),
+                kThreads, place.cuda_stream(), "dcp_local_seq_lens kernel launch", a);
 }
 
 void decode_lens_cuda(const DecodeLensArgs& a, const Place& place) {
   if (a.num_tokens == 0) return;
   DeviceGuard guard(place.device);
-  decode_lens_kernel<<<grid_for(a.num_tokens), kThreads, 0, place.cuda_stream()>>>(a);
-  throw_on_cuda_error(cudaGetLastError(), "expand_decode_seq_lens kernel launch");
+  launch_kernel(decode_lens_kernel, grid_for(a.num_tokens), kThreads, place.cuda_stream(),
+                "expand_decode_seq_lens kernel launch", a);
 }
 
 void prefill_bounds_cuda(const PrefillBoundsArgs& a, const Place& place) {
   if (a.num_tokens == 0) return;
   DeviceGuard guard(place.device);
-  prefill_bounds_kernel<<<grid_for(a.num_tokens), kThreads, 0, place.cuda_stream()>>>(a);
-  throw_on_cuda_error(cudaGetLastError(), "prefill_chunk_bounds kernel launch");
+  launch_kernel(prefill_bounds_kernel, grid_for(a.num_tokens), kThreads, place.cuda_stream(),
+                "prefill_chunk_bounds kernel launch", a);
 }
 
 }  // namespace dsa
