@@ -23,17 +23,25 @@ import tempfile
 ARCHS = ("sm_90a", "sm_100a")
 
 #: (name, threads per CTA, sort size S, keys per thread in registers, log2 of the keys
-#: per sorting thread, a CTA pair per row). The launcher picks the first variant with
-#: next_pow2(min(k, N)) <= S and W * ceil(K / threads) <= keys_per_thread (times 2 for a
-#: pair; 0: streamed, any N), skipping pairs when 2 * rows exceeds the SMs. A pair sorts
-#: with 4 keys per thread: each CTA sorts half the keys, and twice the sorting warps of
-#: 8 keys per thread hide more latency (H200, 64 rows, k = 2048: 14.6 against 15.2 us).
+#: per sorting thread, a CTA pair per row, CTAs per SM). The launcher picks the first
+#: variant with next_pow2(min(k, N)) <= S and W * ceil(K / threads) <= keys_per_thread
+#: (times 2 for a pair; 0: streamed, any N), skipping pairs when 2 * rows exceeds the
+#: SMs and variants of 2 CTAs per SM below 4 rows per SM.
+#: - A pair sorts with 4 keys per thread: each CTA sorts half the keys, and twice the
+#:   sorting warps of 8 keys per thread hide more latency (H200, 64 rows, k = 2048: 14.6
+#:   against 15.2 us).
+#: - d16 (512 threads, 2 CTAs per SM) against r8, H200, W = 4, K = 2048, k = S: 1024
+#:   rows -4.2% (S = 2048), -5.6% (1024), -2.6% (512); 2048 rows -5.4%; 528 rows -1%
+#:   to -2%; 264 rows +4%. At S = 4096 it gains 1.4% at 1024 rows: not exported.
 VARIANTS = tuple(
-    (f"{kind}_s{size}", 1024, size, items, 2 if kind[0] == "p" else 3, kind[0] == "p")
+    (f"{kind}_s{size}", threads, size, items, 2 if kind[0] == "p" else 3, kind[0] == "p",
+     ctas)
     for size in (512, 1024, 2048, 4096, 8192)
-    for kind, items in (("p4", 4), ("p8", 8), ("r8", 8), ("r16", 16), ("g", 0))
-    if kind == "g" or size <= 4096
-) + (("g_s16384", 1024, 16384, 0, 4, False),)
+    for kind, threads, items, ctas in (("p4", 1024, 4, 1), ("p8", 1024, 8, 1),
+                                       ("d16", 512, 16, 2), ("r8", 1024, 8, 1),
+                                       ("r16", 1024, 16, 1), ("g", 1024, 0, 1))
+    if kind == "g" or size <= 4096 and (kind != "d16" or size <= 2048)
+) + (("g_s16384", 1024, 16384, 0, 4, False, 1),)
 
 #: Kernel parameters in order, as the launcher must pass them. A dynamic cute.Tensor is
 #: passed by value as {void* data; int32 shape[#dynamic]; int64 stride[#dynamic]}.
@@ -42,7 +50,7 @@ PARAMS = [
     "out: {int32* data; int32 shape[2] (rows, k); int64 stride[2]}",
     "sel: int32 = min(k, W*K)",
 ]
-ABI_VERSION = 2
+ABI_VERSION = 3
 
 
 def export_arch(arch: str, out_dir: str, keep_ptx: bool = False) -> dict:
@@ -67,8 +75,9 @@ def export_arch(arch: str, out_dir: str, keep_ptx: bool = False) -> dict:
     options = f"--gpu-arch {arch} --keep-cubin --dump-dir {scratch}"
     if keep_ptx:
         options += " --keep-ptx"
-    for name, threads, sort_size, items, log_r, pair in VARIANTS:
-        fn = stable_topk.make_stable_topk(threads, sort_size, items, log_r, pair)
+    for name, threads, sort_size, items, log_r, pair, ctas_per_sm in VARIANTS:
+        fn = stable_topk.make_stable_topk(threads, sort_size, items, log_r, pair,
+                                          ctas_per_sm)
         cand = make_fake_tensor(
             cutlass.Int64, (cute.sym_int(), cute.sym_int(), cute.sym_int()),
             stride=(cute.sym_int64(), cute.sym_int64(), cute.sym_int64()), assumed_align=8)
@@ -95,6 +104,7 @@ def export_arch(arch: str, out_dir: str, keep_ptx: bool = False) -> dict:
             "dynamic_smem": stable_topk.smem_bytes(sort_size, pair),
             "sort_size": sort_size,
             "keys_per_thread": items,
+            "ctas_per_sm": ctas_per_sm,
         })
     manifest = {"arch": arch, "abi_version": ABI_VERSION, "params": PARAMS,
                 "variants": variants}

@@ -26,7 +26,8 @@ two). With ``sel = min(k, N)``:
    all 64 bits were used: the ``need`` keys taken from the bin are equal, so which copies
    are taken does not matter (``n_cand == sel_eff``).
 2. Gather the ``n_cand`` keys into shared memory (one shared atomic per warp for its
-   slots, so the order is arbitrary and the set exact; in a pair CTA 0 counts the slots
+   slots, so the order is arbitrary and the set exact, and the slots need no swizzle;
+   in a pair CTA 0 counts the slots
    and slot i lives in CTA ``i >> (log2(S) - 1)``), stored with the top bit flipped so
    that a signed compare is the unsigned order; slots ``n_cand .. S-1`` get the smallest
    value (key 0).
@@ -35,8 +36,9 @@ two). With ``sel = min(k, N)``:
    memory only between windows of stages (``sort_plan.py``), with one barrier each. A
    pair splits the network (:func:`_pair_sort`): each CTA sorts its half, one
    compare-exchange crosses the CTAs, each merges its half; a CTA sorts half the keys.
-   Meanwhile the threads that do not sort prefetch into L2 the row ``%nsmid`` rows
-   ahead, the one this SM likely runs next (single CTAs only: pairs run in one wave).
+   Meanwhile the threads that do not sort prefetch into L2 the row ``%nsmid`` times
+   the CTAs per SM rows ahead, the one this CTA's place on the SM likely runs next
+   (single CTAs only: pairs run in one wave).
 4. Write ``out[row, i]`` for ``i < k``: the decoded gid of the i-th key for
    ``i < sel_eff``, else -1.
 
@@ -44,10 +46,10 @@ Candidates are read as a 3-D tensor ``[W, rows, K]`` with arbitrary strides (row
 candidates are ``cand[w, r, :]`` for every w); a 2-D input is ``W = 1``. The output is a
 2-D int32 ``[rows, k]`` tensor with arbitrary strides.
 
-Variants differ in threads per CTA, the sort size S and whether the row is loaded once
-into registers (``items_per_thread`` keys per thread: one per segment and block-wide chunk
-of it, so ``W * ceil(K / num_threads) <= items_per_thread``) or streamed from global
-memory on every pass.
+Variants differ in threads per CTA, the CTAs an SM holds at once, the sort size S and
+whether the row is loaded once into registers (``items_per_thread`` keys per thread: one
+per segment and block-wide chunk of it, so ``W * ceil(K / num_threads) <=
+items_per_thread``) or streamed from global memory on every pass.
 
 Launch: grid ``(rows, 1, 1)`` (``(2 * rows, 1, 1)`` in clusters of ``(2, 1, 1)`` for a
 pair), block ``(num_threads, 1, 1)``, the dynamic shared memory from :func:`smem_bytes`.
@@ -212,12 +214,12 @@ def _store_flipped(hit: Int32, s_keys: cute.Tensor, slot: Int32, key: Int64):
 def _store_split(hit: Int32, s_keys: cute.Tensor, i: Int32, key: Int64,
                  half_bits: cutlass.Constexpr[int]):
     """Gather slot i of a pair: CTA i >> half_bits holds it (CTA 1 negated, see
-    _pair_sort), at the swizzled slot of its index within the half."""
+    _pair_sort), at its index within the half."""
     if hit != 0:
         target = i >> half_bits
         flipped = key ^ Int64(SIGN_BIT)
         value = Int64(cutlass.select_(target != 0, ~flipped, flipped))
-        local = _swizzle(i & ((1 << half_bits) - 1), half_bits)
+        local = i & ((1 << half_bits) - 1)
         _cluster_store_i64(_cluster_addr(s_keys, local, target), value)
 
 
@@ -226,8 +228,10 @@ def _gather(keys, mask: Int64, prefix: Int64, strict: Int32, lane: Int32,
             pair: bool = False):
     """Step 2 for a few keys per thread (all 32 lanes of each warp call it together):
     every nonzero key with ``key & mask >= prefix`` (unsigned; ``>`` when `strict`)
-    goes to the next free slot of the gather buffer (at its swizzled address, top bit
-    flipped). One shared atomic per warp for all of these keys."""
+    goes to the next free slot of the gather buffer (top bit flipped). One shared atomic
+    per warp for all of these keys. The slots are filled in no particular order, so
+    they need no swizzle: the sort reads element e from slot swizzle(e), which is just
+    another order of the same keys."""
     lower = prefix ^ Int64(SIGN_BIT)  # signed compare of flipped values = unsigned
     hits, ballots = [], []
     count = Int32(0)
@@ -248,8 +252,7 @@ def _gather(keys, mask: Int64, prefix: Int64, strict: Int32, lane: Int32,
         if pair:
             _store_split(hit, s_keys, base + cute.arch.popc(ballot & lanes_below), key, m - 1)
         else:
-            _store_flipped(hit, s_keys, _swizzle(base + cute.arch.popc(ballot & lanes_below), m),
-                           key)
+            _store_flipped(hit, s_keys, base + cute.arch.popc(ballot & lanes_below), key)
         base = base + cute.arch.popc(ballot)
 
 
@@ -285,7 +288,7 @@ def _deposit(tidx: Int32, layout: sort_plan.Layout) -> Int32:
 def _register_sort(tidx: Int32, bufs, m: int, log_r: int, num_sorters: int, out: cute.Tensor,
                    row: Int32, k: Int32, sel_eff: Int32):
     """Steps 3 and 4, run by threads ``tidx < num_sorters`` only (plain Python: traced
-    once, fully unrolled). ``bufs[0]`` holds the gathered keys at their swizzled slots;
+    once, fully unrolled). ``bufs[0]`` holds the gathered keys in any order;
     windows alternate between the buffers (or reuse one with an extra barrier)."""
     x, _, e_base, e_reg = _sort_windows(tidx, bufs, m, log_r, num_sorters,
                                         sort_plan.plan_windows(m, log_r),
@@ -390,7 +393,7 @@ def _sort_windows(tidx: Int32, bufs, m: int, log_r: int, num_sorters: int, windo
 
 
 def make_stable_topk(num_threads: int, sort_size: int, items_per_thread: int = 0,
-                     log_r: int = 3, pair: bool = False):
+                     log_r: int = 3, pair: bool = False, ctas_per_sm: int = 1):
     """Build the kernel and its host launcher for one variant.
 
     num_threads: threads per CTA (multiple of 32, >= NUM_BINS and >= the sorters; the
@@ -406,6 +409,9 @@ def make_stable_topk(num_threads: int, sort_size: int, items_per_thread: int = 0
         memory, and each CTA sorts half of the gathered keys (:func:`_pair_sort`; log_r
         then counts the keys per thread of a CTA's half). Halves the select, gather and
         sort work per SM when there are SMs to spare (few rows).
+    ctas_per_sm: CTAs an SM must hold at once (registers capped to fit): with 2, one
+        CTA's sort (a quarter of the warps busy) overlaps the other's select, which pays
+        off when every SM has rows to spare (many rows).
     """
     assert num_threads % 32 == 0 and num_threads >= NUM_BINS
     assert sort_size & (sort_size - 1) == 0 and sort_size >= 512
@@ -414,6 +420,7 @@ def make_stable_topk(num_threads: int, sort_size: int, items_per_thread: int = 0
     assert num_sorters % 32 == 0 and num_sorters <= num_threads
     assert not pair or items_per_thread > 0
     NT = num_threads
+    CTAS_PER_SM = ctas_per_sm
     ITEMS = items_per_thread
     PAIR = pair
     num_hists = _histograms(pair)
@@ -580,11 +587,11 @@ def make_stable_topk(num_threads: int, sort_size: int, items_per_thread: int = 0
             for i in cutlass.range(cutlass.max(fill_from, half_lo) + tidx, half_lo + S // 2, NT):
                 flipped = Int64(cutlass.select_(i < n_cand, prefix ^ Int64(SIGN_BIT),
                                                 Int64(SIGN_BIT)))
-                s_keys[_swizzle(i - half_lo, m - 1)] = Int64(
+                s_keys[i - half_lo] = Int64(
                     cutlass.select_(rank != 0, ~flipped, flipped))
         else:
             for i in cutlass.range(fill_from + tidx, S, NT):
-                s_keys[_swizzle(i, m)] = Int64(cutlass.select_(i < n_cand,
+                s_keys[i] = Int64(cutlass.select_(i < n_cand,
                                                                prefix ^ Int64(SIGN_BIT),
                                                                Int64(SIGN_BIT)))
         if cutlass.const_expr(ITEMS > 0):
@@ -617,11 +624,12 @@ def make_stable_topk(num_threads: int, sort_size: int, items_per_thread: int = 0
         elif tidx < num_sorters:
             _register_sort(tidx, bufs, m, log_r, num_sorters, out, row, k, sel_eff)
         elif cutlass.const_expr(NT > num_sorters):
-            # Idle during the sort: pull into L2 the row that this SM likely runs next
-            # (CTAs start in row order as SMs free up), so that with more rows than SMs
-            # the next CTA's loads hit L2 (H200, W = 8 or streamed rows: -5 to -7% at
-            # 1024 rows; W = 4 register rows: -0.3%).
-            _prefetch_row(cand, row, _num_sms(), tidx - num_sorters, NT - num_sorters)
+            # Idle during the sort: pull into L2 the row that this CTA's place likely runs
+            # next (CTAs start in row order as places free up), so that with more rows
+            # than places the next CTA's loads hit L2 (H200, W = 8 or streamed rows: -5
+            # to -7% at 1024 rows; W = 4 register rows: -0.3%).
+            _prefetch_row(cand, row, _num_sms() * CTAS_PER_SM, tidx - num_sorters,
+                          NT - num_sorters)
         if rank == 0:
             for i in cutlass.range(S + tidx, k, NT):  # k > S: slots past the sort
                 out[row, i] = Int32(-1)
@@ -632,6 +640,13 @@ def make_stable_topk(num_threads: int, sort_size: int, items_per_thread: int = 0
         if cutlass.const_expr(PAIR):
             stable_topk_kernel(cand, out, sel).launch(
                 grid=(rows * 2, 1, 1), block=(NT, 1, 1), cluster=(2, 1, 1), stream=stream)
+        elif cutlass.const_expr(CTAS_PER_SM > 1):
+            # Registers capped so that CTAS_PER_SM CTAs fit an SM. (A carveout given here
+            # keeps CuTeDSL from querying a GPU for it; the loader leaves the carveout to
+            # the driver, which sizes it for the occupancy.)
+            stable_topk_kernel(cand, out, sel).launch(
+                grid=(rows, 1, 1), block=(NT, 1, 1), stream=stream,
+                min_blocks_per_mp=CTAS_PER_SM, preferred_smem_carveout=100)
         else:
             stable_topk_kernel(cand, out, sel).launch(
                 grid=(rows, 1, 1), block=(NT, 1, 1), stream=stream)

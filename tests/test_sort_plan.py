@@ -15,9 +15,9 @@ import sort_plan  # noqa: E402
 # (log2 of the keys one CTA sorts, log2 of the keys per thread) of the exported variants:
 # a pair's CTA sorts half of S with the full network, then merges it (merge_stages)
 _SINGLE = sorted({(size.bit_length() - 1, log_r)
-                  for _, _, size, _, log_r, pair in export.VARIANTS if not pair})
+                  for _, _, size, _, log_r, pair, _ in export.VARIANTS if not pair})
 _HALVES = sorted({(size.bit_length() - 2, log_r)
-                  for _, _, size, _, log_r, pair in export.VARIANTS if pair})
+                  for _, _, size, _, log_r, pair, _ in export.VARIANTS if pair})
 VARIANT_PLANS = _SINGLE + _HALVES
 
 

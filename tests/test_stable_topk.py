@@ -154,6 +154,26 @@ def test_variant_boundaries_many_rows(device, n, k):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", ["ties", "random"])
+@pytest.mark.parametrize("n,k", [(8192, 2048), (8192, 1000), (8192, 512), (8193, 2048),
+                                 (4096, 2048), (600, 300), (8192, 2049)])
+def test_variant_boundaries_two_ctas_per_sm(device, kind, n, k):
+    """640 rows: at least 4 per SM on the H200 (132 SMs) and the B200 (148), where the
+    launcher takes the 512-thread variants of 2 CTAs per SM (16 keys per thread, so
+    N <= 8192; S <= 2048). N = 8193 and k = 2049 fall back to the other variants."""
+    check(make_keys(kind, 640, n, seed=8), k, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("W,K,k", [(4, 2048, 2048), (8, 1024, 1024), (3, 1500, 700)])
+def test_two_ctas_per_sm_segments(device, W, K, k):
+    """The same variants on [W, rows, K] candidates (each thread's 16 keys span the
+    segments), rows strided as all_gather_into_tensor lays them out."""
+    cands = torch.stack([make_keys("random", 640, K, seed=90 + w) for w in range(W)])
+    check(cands, k, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_duplicate_keys(device):
     """The same candidate passed twice stays twice (equal keys are taken as needed)."""
     scores, gids = make_scores_gids("random", 2, 64, seed=4)

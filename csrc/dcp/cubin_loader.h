@@ -15,7 +15,7 @@ namespace dsa {
 struct EmbeddedKernel {
   const char* family;          // e.g. "stable_topk"
   const char* arch;            // "sm_90a", "sm_100a"
-  const char* variant;         // e.g. "s4096"
+  const char* variant;         // e.g. "r8_s2048"
   const unsigned char* cubin;  // cubin bytes
   size_t cubin_size;
   const char* entry;           // kernel symbol in the cubin
@@ -24,6 +24,7 @@ struct EmbeddedKernel {
   unsigned dynamic_smem;  // bytes
   int64_t sort_size;        // stable_topk: keys the sort orders (S)
   int64_t keys_per_thread;  // stable_topk: register slots per thread (0: row streamed)
+  unsigned ctas_per_sm;     // stable_topk: CTAs the kernel is compiled to fit on one SM
 };
 
 extern const EmbeddedKernel kEmbeddedKernels[];

@@ -28,6 +28,8 @@ struct OutParam {
 static_assert(sizeof(CandParam) == 48, "cute.Tensor parameter layout");
 static_assert(sizeof(OutParam) == 32, "cute.Tensor parameter layout");
 
+constexpr int64_t kRowsPerSmForSharedSms = 4;
+
 int64_t next_pow2(int64_t x) {
   int64_t p = 1;
   while (p < x) p <<= 1;
@@ -44,8 +46,12 @@ void stable_topk_cuda(const TopkCandidates& cand, const Strided2D<int32_t>& out,
   const LoadedKernel* chosen = nullptr;
   for (int i = 0; i < count && chosen == nullptr; ++i) {  // manifest order: fastest first
     const EmbeddedKernel& e = *variants[i].info;
+    const int64_t sms = variants[i].multiprocessors;
     // A CTA pair per row pays off only while the pairs fit the SMs side by side.
-    if (e.cluster[0] > 1 && cand.rows * e.cluster[0] > variants[i].multiprocessors) continue;
+    if (e.cluster[0] > 1 && cand.rows * e.cluster[0] > sms) continue;
+    // Two CTAs per SM (one's sort beside the other's select) pay off from about 4 rows
+    // per SM (H200: -1% to -2% at 4, -4% to -6% at 8 and more, +4% at 2).
+    if (e.ctas_per_sm > 1 && cand.rows < kRowsPerSmForSharedSms * sms) continue;
     // A register variant holds one key of every (segment, block-wide chunk) per thread
     // (the CTAs of a cluster share them out).
     const int64_t chunks = cand.segments * ((cand.seg_len + e.block[0] - 1) / e.block[0]);
