@@ -31,6 +31,10 @@ PYBIND11_MODULE(_C, m) {
   m.def("pack_dcp_topk_candidates", &dsa::pack_dcp_topk_candidates);
   // Spec section 6c: exact stable top-K of packed DCP candidates (CuTeDSL cubin on CUDA).
   m.def("stable_topk_from_candidates", &dsa::stable_topk_from_candidates);
+  // Which exported top-K variant a CUDA device runs for a shape (tests, diagnostics).
+  m.def("stable_topk_variant", &dsa::stable_topk_variant);
+  // Whether kernels are launched as programmatic dependent launches (DSA_EXT_PDL).
+  m.def("programmatic_launch_enabled", &dsa::programmatic_launch_enabled);
   // Spec 7: weigh partial attention outputs by the all-gathered LSEs (head-block-major).
   m.def("correct_attention_output", &dsa::correct_attention_output);
 }

@@ -40,7 +40,7 @@ VARIANTS = tuple(
     for kind, threads, items, ctas in (("p4", 1024, 4, 1), ("p8", 1024, 8, 1),
                                        ("d16", 512, 16, 2), ("r8", 1024, 8, 1),
                                        ("r16", 1024, 16, 1), ("g", 1024, 0, 1))
-    if kind == "g" or size <= 4096 and (kind != "d16" or size <= 2048)
+    if kind == "g" or (size <= 4096 and (kind != "d16" or size <= 2048))
 ) + (("g_s16384", 1024, 16384, 0, 4, False, 1),)
 
 #: Kernel parameters in order, as the launcher must pass them. A dynamic cute.Tensor is

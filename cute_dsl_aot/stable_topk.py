@@ -26,11 +26,10 @@ two). With ``sel = min(k, N)``:
    all 64 bits were used: the ``need`` keys taken from the bin are equal, so which copies
    are taken does not matter (``n_cand == sel_eff``).
 2. Gather the ``n_cand`` keys into shared memory (one shared atomic per warp for its
-   slots, so the order is arbitrary and the set exact, and the slots need no swizzle;
-   in a pair CTA 0 counts the slots
-   and slot i lives in CTA ``i >> (log2(S) - 1)``), stored with the top bit flipped so
-   that a signed compare is the unsigned order; slots ``n_cand .. S-1`` get the smallest
-   value (key 0).
+   slots, so the order is arbitrary, the set exact and the slots need no swizzle; in a
+   pair CTA 0 counts the slots and slot i lives in CTA ``i >> (log2(S) - 1)``), stored
+   with the top bit flipped so that a signed compare is the unsigned order; slots
+   ``n_cand .. S-1`` get the smallest value (key 0).
 3. Bitonic sort of the S slots, descending, in registers: ``S >> log_r`` threads hold
    ``2^log_r`` keys each; the stages run on registers and the keys pass through shared
    memory only between windows of stages (``sort_plan.py``), with one barrier each. A
@@ -397,7 +396,7 @@ def make_stable_topk(num_threads: int, sort_size: int, items_per_thread: int = 0
     """Build the kernel and its host launcher for one variant.
 
     num_threads: threads per CTA (multiple of 32, >= NUM_BINS and >= the sorters; the
-        exported variants use 1024).
+        exported variants use 1024, d16 512).
     sort_size: S, the number of keys the sort orders (a power of two, >= 512): the
         variant handles rows with ``next_pow2(min(k, N)) <= S``.
     items_per_thread: 0 streams the row from global memory on every pass (any N); > 0
@@ -591,9 +590,8 @@ def make_stable_topk(num_threads: int, sort_size: int, items_per_thread: int = 0
                     cutlass.select_(rank != 0, ~flipped, flipped))
         else:
             for i in cutlass.range(fill_from + tidx, S, NT):
-                s_keys[i] = Int64(cutlass.select_(i < n_cand,
-                                                               prefix ^ Int64(SIGN_BIT),
-                                                               Int64(SIGN_BIT)))
+                s_keys[i] = Int64(cutlass.select_(i < n_cand, prefix ^ Int64(SIGN_BIT),
+                                                  Int64(SIGN_BIT)))
         if cutlass.const_expr(ITEMS > 0):
             for g0 in cutlass.range_constexpr(0, ITEMS, GATHER_GROUP):
                 _gather(regs[g0:g0 + GATHER_GROUP], mask, prefix, active, lane, lanes_below,

@@ -153,24 +153,60 @@ def test_variant_boundaries_many_rows(device, n, k):
     check(make_keys("random", 150, n, seed=7), k, device)
 
 
+def rows_for_two_ctas_per_sm(device: str) -> int:
+    """At least 4 rows per SM, where the launcher takes the 512-thread variants of 2 CTAs
+    per SM: 640 on the CPU and on GPUs of up to 160 SMs (H200 132, B200 148)."""
+    if device == "cpu":
+        return 640
+    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    return max(640, 4 * sms)
+
+
+def check_variant(device: str, shape, k: int, prefix: str) -> None:
+    """On CUDA, the launcher's choice for this shape starts with `prefix`."""
+    if device == "cuda":
+        W, rows, K = shape
+        chosen = dsa_ext._C.stable_topk_variant(W, rows, K, k, torch.cuda.current_device())
+        assert chosen.startswith(prefix), (chosen, shape, k)
+
+
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("kind", ["ties", "random"])
-@pytest.mark.parametrize("n,k", [(8192, 2048), (8192, 1000), (8192, 512), (8193, 2048),
-                                 (4096, 2048), (600, 300), (8192, 2049)])
-def test_variant_boundaries_two_ctas_per_sm(device, kind, n, k):
-    """640 rows: at least 4 per SM on the H200 (132 SMs) and the B200 (148), where the
-    launcher takes the 512-thread variants of 2 CTAs per SM (16 keys per thread, so
-    N <= 8192; S <= 2048). N = 8193 and k = 2049 fall back to the other variants."""
-    check(make_keys(kind, 640, n, seed=8), k, device)
+@pytest.mark.parametrize("kind", ["ties", "random", "shortfall"])
+@pytest.mark.parametrize("n,k,variant", [(8192, 2048, "d16_s2048"), (8192, 1000, "d16_s1024"),
+                                         (8192, 512, "d16_s512"), (4096, 2048, "d16_s2048"),
+                                         (600, 300, "d16_s512"), (8193, 2048, "r16_s2048"),
+                                         (8192, 2049, "r8_s4096")])
+def test_variant_boundaries_two_ctas_per_sm(device, kind, n, k, variant):
+    """The 512-thread variants hold 16 keys per thread (N <= 8192) and sort up to 2048
+    keys: N = 8193 and k = 2049 fall back to the 1024-thread ones."""
+    rows = rows_for_two_ctas_per_sm(device)
+    check_variant(device, (1, rows, n), k, variant)
+    check(make_keys(kind, rows, n, seed=8), k, device)
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("W,K,k", [(4, 2048, 2048), (8, 1024, 1024), (3, 1500, 700)])
 def test_two_ctas_per_sm_segments(device, W, K, k):
     """The same variants on [W, rows, K] candidates (each thread's 16 keys span the
-    segments), rows strided as all_gather_into_tensor lays them out."""
-    cands = torch.stack([make_keys("random", 640, K, seed=90 + w) for w in range(W)])
+    segments), rows strided as all_gather_into_tensor lays them out; one row holds the
+    same key many times over (the select then uses all 64 bits)."""
+    rows = rows_for_two_ctas_per_sm(device)
+    cands = torch.stack([make_keys("random", rows, K, seed=90 + w) for w in range(W)])
+    cands[:, 5, :] = cands[0, 5, 0]
+    check_variant(device, (W, rows, K), k, "d16")
     check(cands, k, device)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
+def test_variant_choice_by_rows():
+    """Pairs while 2 x rows fit the SMs, then one CTA of 1024 threads, then 2 CTAs of 512
+    threads per SM from 4 rows per SM (W = 4, K = 2048, k = 2048)."""
+    dev = torch.cuda.current_device()
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    for rows, want in ((1, "p4_s2048"), (sms // 2, "p4_s2048"), (sms // 2 + 1, "r8_s2048"),
+                       (4 * sms - 1, "r8_s2048"), (4 * sms, "d16_s2048")):
+        assert dsa_ext._C.stable_topk_variant(4, rows, 2048, 2048, dev) == want, rows
 
 
 @pytest.mark.parametrize("device", DEVICES)

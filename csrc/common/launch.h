@@ -74,6 +74,9 @@ class DeviceGuard {
  * \brief Whether launches let the next kernel start early (programmatic dependent launch):
  *        on unless the environment sets DSA_EXT_PDL=0, read once per process.
  *
+ * Off, dsa_ext's kernels start in plain stream order; they still let a PDL-aware kernel
+ * after them start early (that kernel waits for them before it reads anything).
+ *
  * A kernel launched this way may start while the previous kernel in the stream still
  * runs; its first statement, await_previous_kernel(), waits until that kernel has
  * finished and its writes are visible. What overlaps is the launch and the block
@@ -97,7 +100,10 @@ inline bool programmatic_launch_enabled() {
  * point, so they never take the place of a block of this grid that has yet to start.
  */
 __device__ __forceinline__ void await_previous_kernel() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if defined(__CUDA_ARCH__)
+#if __CUDA_ARCH__ < 900
+#error "dsa_ext kernels need sm_90 or newer: they are launched to start early and wait here"
+#endif
   asm volatile("griddepcontrol.wait;" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
@@ -110,7 +116,7 @@ __device__ __forceinline__ void await_previous_kernel() {
 template <typename... Params, typename... Args>
 void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream,
                    const char* what, Args&&... args) {
-  cudaLaunchAttribute attribute;
+  cudaLaunchAttribute attribute = {};
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute.val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t config = {};

@@ -36,7 +36,7 @@ struct LoadedKernel {
   void* function = nullptr;  // CUfunction: the kernel loaded into `context`
   void* context = nullptr;   // CUcontext: the device's primary context
   const EmbeddedKernel* info = nullptr;
-  int multiprocessors = 0;   // SMs of the device (a launcher sizes clusters by it)
+  int multiprocessors = 0;   // SMs of the device (the launcher picks variants by rows/SM)
 };
 
 /*!

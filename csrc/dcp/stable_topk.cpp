@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <functional>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "cubin_loader.h"
@@ -36,34 +37,39 @@ int64_t next_pow2(int64_t x) {
   return p;
 }
 
-void stable_topk_cuda(const TopkCandidates& cand, const Strided2D<int32_t>& out,
-                      const Place& place) {
-  const int64_t sel = std::min<int64_t>(out.cols, cand.per_row());
+//! The variant that runs `rows` rows of `segments` x `seg_len` candidates, selecting
+//! `sel` = min(k, N) of each, on `device`.
+const LoadedKernel& choose_variant(int64_t segments, int64_t rows, int64_t seg_len,
+                                   int64_t sel, int64_t device) {
   const int64_t n_sort = std::max<int64_t>(next_pow2(sel), 2);
   int count = 0;
   const LoadedKernel* variants =
-      kernels_for_device("stable_topk", static_cast<int>(place.device), &count);
-  const LoadedKernel* chosen = nullptr;
-  for (int i = 0; i < count && chosen == nullptr; ++i) {  // manifest order: fastest first
+      kernels_for_device("stable_topk", static_cast<int>(device), &count);
+  for (int i = 0; i < count; ++i) {  // manifest order: fastest first
     const EmbeddedKernel& e = *variants[i].info;
     const int64_t sms = variants[i].multiprocessors;
     // A CTA pair per row pays off only while the pairs fit the SMs side by side.
-    if (e.cluster[0] > 1 && cand.rows * e.cluster[0] > sms) continue;
+    if (e.cluster[0] > 1 && rows * e.cluster[0] > sms) continue;
     // Two CTAs per SM (one's sort beside the other's select) pay off from about 4 rows
     // per SM (H200: -1% to -2% at 4, -4% to -6% at 8 and more, +4% at 2).
-    if (e.ctas_per_sm > 1 && cand.rows < kRowsPerSmForSharedSms * sms) continue;
+    if (e.ctas_per_sm > 1 && rows < kRowsPerSmForSharedSms * sms) continue;
     // A register variant holds one key of every (segment, block-wide chunk) per thread
     // (the CTAs of a cluster share them out).
-    const int64_t chunks = cand.segments * ((cand.seg_len + e.block[0] - 1) / e.block[0]);
+    const int64_t chunks = segments * ((seg_len + e.block[0] - 1) / e.block[0]);
     if (e.sort_size >= n_sort &&
         (e.keys_per_thread == 0 || chunks <= e.keys_per_thread * e.cluster[0])) {
-      chosen = &variants[i];
+      return variants[i];
     }
   }
-  if (chosen == nullptr) {
-    throw std::runtime_error("dsa_ext: stable_topk_from_candidates: min(k, N) = " +
-                             std::to_string(sel) + " exceeds the largest CUDA variant");
-  }
+  throw std::runtime_error("dsa_ext: stable_topk_from_candidates: min(k, N) = " +
+                           std::to_string(sel) + " exceeds the largest CUDA variant");
+}
+
+void stable_topk_cuda(const TopkCandidates& cand, const Strided2D<int32_t>& out,
+                      const Place& place) {
+  const int64_t sel = std::min<int64_t>(out.cols, cand.per_row());
+  const LoadedKernel* chosen =
+      &choose_variant(cand.segments, cand.rows, cand.seg_len, sel, place.device);
   CandParam c{cand.data,
               {static_cast<int32_t>(cand.segments), static_cast<int32_t>(cand.rows),
                static_cast<int32_t>(cand.seg_len)},
@@ -95,6 +101,12 @@ void stable_topk_cpu(const TopkCandidates& cand, const Strided2D<int32_t>& out) 
       out(r, j) = j < sel ? decode_candidate_gid(keys[static_cast<size_t>(j)]) : -1;
     }
   }
+}
+
+std::string stable_topk_variant(int64_t segments, int64_t rows, int64_t seg_len, int64_t k,
+                                int64_t device) {
+  const int64_t sel = std::min<int64_t>(k, segments * seg_len);
+  return choose_variant(segments, rows, seg_len, sel, device).info->variant;
 }
 
 void stable_topk_from_candidates(const Desc3& candidates, const Desc2& out_desc,

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "../common/launch.h"
 #include "../common/strided.h"
@@ -46,5 +47,12 @@ void stable_topk_cpu(const TopkCandidates& cand, const Strided2D<int32_t>& out);
  */
 void stable_topk_from_candidates(const Desc3& candidates, const Desc2& out, int64_t device,
                                  int64_t stream);
+
+/*!
+ * \brief Name of the exported variant (e.g. "d16_s2048") that CUDA device `device` runs
+ *        for `rows` rows of `segments` x `seg_len` candidates and `k` ids per row.
+ */
+std::string stable_topk_variant(int64_t segments, int64_t rows, int64_t seg_len, int64_t k,
+                                int64_t device);
 
 }  // namespace dsa
