@@ -23,7 +23,6 @@ import argparse
 import json
 import os
 import sys
-import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -32,21 +31,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from dcp_cases import (assert_same, make_attention_inputs, make_topk_case,  # noqa: E402
                        run_world, shard_selection, sparse_attention)
-from dsa_ext.bench import _pack_inputs, graph_us  # noqa: E402
+from dsa_ext.bench import _pack_inputs, capture, eager_us, graph_us  # noqa: E402
 
 CONTEXT = 65536  # tokens of the timed rows, split over the ranks
-
-
-def _eager_us(fn, iters: int = 50) -> float:
-    import torch.distributed as dist
-    fn()
-    torch.cuda.synchronize()
-    dist.barrier()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) * 1e6 / iters
 
 
 def _timed_inputs(rows: int, k: int, world: int, device, seed: int):
@@ -88,14 +75,7 @@ def _graph_and_timing(dsa_ext, rank: int, world: int, device) -> dict:
     def merge():
         topk.copy_(ids)
         dsa_ext.merge_topk_global(logits, topk, k, rank=rank, world_size=world)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        merge()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        merge()
+    graph = capture([merge], launches=1)
     for seed in (7, 8):
         new_logits, new_ids = _timed_inputs(rows, k, world, device, seed=seed + rank)
         logits.copy_(new_logits)
@@ -122,7 +102,7 @@ def _graph_and_timing(dsa_ext, rank: int, world: int, device) -> dict:
         report["timing"].append(dict(
             rows=rows, k=k, cols_per_rank=CONTEXT // world,
             graph_us=round(graph_us([call], replays=10, before_replay=dist.barrier), 2),
-            eager_us=round(_eager_us(call), 2),
+            eager_us=round(eager_us([call], iters=50, before_run=dist.barrier), 2),
             all_gather_graph_us=round(
                 graph_us([gather], replays=10, before_replay=dist.barrier), 2)))
     B, H, D = 64, 128, 512
@@ -137,7 +117,7 @@ def _graph_and_timing(dsa_ext, rank: int, world: int, device) -> dict:
         B=B, H=H, D=D, dtype="bfloat16",
         graph_us=round(graph_us([merge_attention], replays=10,
                                 before_replay=dist.barrier), 2),
-        eager_us=round(_eager_us(merge_attention), 2))
+        eager_us=round(eager_us([merge_attention], iters=50, before_run=dist.barrier), 2))
     return report
 
 

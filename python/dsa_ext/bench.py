@@ -54,16 +54,13 @@ def case(op, shape, bytes_moved, baseline_us=None, target_us=None, l2_warm=False
 # ---------------------------------------------------------------------------------------
 
 
-def graph_us(calls: list, launches: int = 20, replays: int = 15,
-             before_replay: Optional[Callable[[], None]] = None) -> float:
-    """Median per-launch device time of `launches` calls captured in one CUDA graph.
-
-    `before_replay` runs before every replay (a process-group barrier, so that ranks
-    whose graphs hold collectives start together)."""
+def capture(calls: list, launches: int) -> torch.cuda.CUDAGraph:
+    """Runs every call once on a side stream (lazy loads, allocator warm-up), then
+    captures `launches` calls, cycling through `calls`, in one CUDA graph."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        for fn in calls:  # warm up (lazy loads, allocator) outside the capture
+        for fn in calls:
             fn()
     torch.cuda.current_stream().wait_stream(stream)
     torch.cuda.synchronize()
@@ -71,6 +68,16 @@ def graph_us(calls: list, launches: int = 20, replays: int = 15,
     with torch.cuda.graph(graph):
         for i in range(launches):
             calls[i % len(calls)]()
+    return graph
+
+
+def graph_us(calls: list, launches: int = 20, replays: int = 15,
+             before_replay: Optional[Callable[[], None]] = None) -> float:
+    """Median per-launch device time of `launches` calls captured in one CUDA graph.
+
+    `before_replay` runs before every replay (a process-group barrier, so that ranks
+    whose graphs hold collectives start together)."""
+    graph = capture(calls, launches)
     before_replay = before_replay or (lambda: None)
     before_replay()
     graph.replay()
@@ -87,13 +94,18 @@ def graph_us(calls: list, launches: int = 20, replays: int = 15,
     return statistics.median(times)
 
 
-def eager_us(calls: list, iters: int = 200) -> float:
-    """Wall time per eager call (host overhead and launch included), median of 5 runs."""
+def eager_us(calls: list, iters: int = 200,
+             before_run: Optional[Callable[[], None]] = None) -> float:
+    """Wall time per eager call (host overhead and launch included), median of 5 runs.
+
+    `before_run` runs before every run, outside the timing (a process-group barrier)."""
     for fn in calls:
         fn()
     torch.cuda.synchronize()
     runs = []
     for _ in range(5):
+        if before_run is not None:
+            before_run()
         t0 = time.perf_counter()
         for i in range(iters):
             calls[i % len(calls)]()
