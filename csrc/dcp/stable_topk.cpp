@@ -68,8 +68,8 @@ const LoadedKernel& choose_variant(int64_t segments, int64_t rows, int64_t seg_l
 void stable_topk_cuda(const TopkCandidates& cand, const Strided2D<int32_t>& out,
                       const Place& place) {
   const int64_t sel = std::min<int64_t>(out.cols, cand.per_row());
-  const LoadedKernel* chosen =
-      &choose_variant(cand.segments, cand.rows, cand.seg_len, sel, place.device);
+  const LoadedKernel& chosen =
+      choose_variant(cand.segments, cand.rows, cand.seg_len, sel, place.device);
   CandParam c{cand.data,
               {static_cast<int32_t>(cand.segments), static_cast<int32_t>(cand.rows),
                static_cast<int32_t>(cand.seg_len)},
@@ -79,7 +79,7 @@ void stable_topk_cuda(const TopkCandidates& cand, const Strided2D<int32_t>& out,
              {out.row_stride, out.col_stride}};
   int32_t sel32 = static_cast<int32_t>(sel);
   void* params[] = {&c, &o, &sel32};
-  launch_kernel(*chosen, static_cast<unsigned>(cand.rows * chosen->info->cluster[0]),
+  launch_kernel(chosen, static_cast<unsigned>(cand.rows * chosen.info->cluster[0]),
                 reinterpret_cast<void*>(static_cast<uintptr_t>(place.stream)), params);
 }
 
