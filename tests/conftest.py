@@ -18,6 +18,11 @@ HAS_CUDA = torch.cuda.is_available()
 requires_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
 
 
+def cuda_sms() -> int:
+    """SMs of the current CUDA device (the top-K launcher picks variants by rows per SM)."""
+    return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cuda" in item.keywords and not HAS_CUDA:

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import dsa_ext
 from dsa_ext import reference
-from conftest import capture_graph
+from conftest import capture_graph, cuda_sms
 
 HAS_CUDA = torch.cuda.is_available()
 cuda_only = [pytest.mark.cuda, pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")]
@@ -158,8 +158,7 @@ def rows_for_two_ctas_per_sm(device: str) -> int:
     per SM: 640 on the CPU and on GPUs of up to 160 SMs (H200 132, B200 148)."""
     if device == "cpu":
         return 640
-    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-    return max(640, 4 * sms)
+    return max(640, 4 * cuda_sms())
 
 
 def check_variant(device: str, shape, k: int, prefix: str) -> None:
@@ -202,8 +201,7 @@ def test_two_ctas_per_sm_segments(device, W, K, k):
 def test_variant_choice_by_rows():
     """Pairs while 2 x rows fit the SMs, then one CTA of 1024 threads, then 2 CTAs of 512
     threads per SM from 4 rows per SM (W = 4, K = 2048, k = 2048)."""
-    dev = torch.cuda.current_device()
-    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    dev, sms = torch.cuda.current_device(), cuda_sms()
     for rows, want in ((1, "p4_s2048"), (sms // 2, "p4_s2048"), (sms // 2 + 1, "r8_s2048"),
                        (4 * sms - 1, "r8_s2048"), (4 * sms, "d16_s2048")):
         assert dsa_ext._C.stable_topk_variant(4, rows, 2048, 2048, dev) == want, rows
