@@ -168,24 +168,14 @@ def _streamed_key(cand: cute.Tensor, w: Int32, row: Int32, c: Int32) -> Int64:
 
 @cute.jit
 def _count_digit(key: Int64, mask: Int64, prefix: Int64,
-                 shift: cutlass.Constexpr[int], lanes_below: Int32, s_hist: cute.Tensor):
-    """Step 1 for one key per thread (all 32 lanes of each warp call it together): if the
-    key is nonzero and ``key & mask == prefix``, count its digit ``(key >> shift) & 255``.
-    A warp whose lanes all hold the same digit adds once (tied rows would otherwise
-    serialize 32 atomics on one bin); warps without a matching key skip the atomics."""
-    digit = Int32(NUM_BINS)  # no bin
-    if key != 0:  # key 0 (invalid candidate, or no candidate) is never selected
-        if (key & mask) == prefix:
-            digit = Int32((key >> shift) & (NUM_BINS - 1))
-    if cute.arch.vote_ballot_sync(digit < NUM_BINS) != 0:  # later passes: mostly none
-        leader = cute.arch.shuffle_sync(digit, 0)
-        if cute.arch.vote_all_sync(digit == leader):  # tied rows: one add for the warp
-            if lanes_below == 0:
-                if digit < NUM_BINS:
-                    cute.arch.atomic_add((s_hist.iterator + digit).llvm_ptr, Int32(32))
-        else:
-            if digit < NUM_BINS:
-                cute.arch.atomic_add((s_hist.iterator + digit).llvm_ptr, Int32(1))
+                 shift: cutlass.Constexpr[int], s_hist: cute.Tensor):
+    """Step 1 for one key: if the key is nonzero and ``key & mask == prefix``, count its
+    digit ``(key >> shift) & 255``. Key 0 (an invalid candidate, or no candidate) is never
+    selected. The shared atomic increment adds the lanes of a warp that hit one bin at
+    once (ATOMS.POPC.INC), so tied rows do not serialize on their bin."""
+    if (key != 0) & ((key & mask) == prefix):
+        digit = Int32((key >> shift) & (NUM_BINS - 1))
+        cute.arch.atomic_add((s_hist.iterator + digit).llvm_ptr, Int32(1))
 
 
 @cute.jit
@@ -222,27 +212,20 @@ def _store_split(hit: Int32, s_keys: cute.Tensor, i: Int32, key: Int64,
         _cluster_store_i64(_cluster_addr(s_keys, local, target), value)
 
 
-def _gather(keys, mask: Int64, prefix: Int64, strict: Int32, lane: Int32,
-            lanes_below: Int32, s_keys: cute.Tensor, s_ctl: cute.Tensor, m: int,
-            pair: bool = False):
+def _gather(keys, floor: Int64, lane: Int32, lanes_below: Int32, s_keys: cute.Tensor,
+            s_ctl: cute.Tensor, m: int, pair: bool = False):
     """Step 2 for a few keys per thread (all 32 lanes of each warp call it together):
-    every nonzero key with ``key & mask >= prefix`` (unsigned; ``>`` when `strict`)
-    goes to the next free slot of the gather buffer (top bit flipped). One shared atomic
-    per warp for all of these keys. The slots are filled in no particular order, so
-    they need no swizzle: the sort reads element e from slot swizzle(e), which is just
-    another order of the same keys."""
-    lower = prefix ^ Int64(SIGN_BIT)  # signed compare of flipped values = unsigned
+    every key above `floor` (unsigned) goes to the next free slot of the gather buffer
+    (top bit flipped). One shared atomic per warp for all of these keys. The slots are
+    filled in no particular order, so they need no swizzle: the sort reads element e from
+    slot swizzle(e), which is just another order of the same keys."""
+    lowest = floor ^ Int64(SIGN_BIT)  # signed compare of flipped values = unsigned
     hits, ballots = [], []
     count = Int32(0)
     for key in keys:
-        masked = key & mask
-        above = (masked ^ Int64(SIGN_BIT)) >= lower
-        exact = masked == prefix
-        hit = cutlass.select_(above, Int32(1), Int32(0))
-        hit = cutlass.select_(key == 0, Int32(0), hit)
-        hit = Int32(cutlass.select_(exact, Int32(cutlass.select_(strict != 0, Int32(0), hit)),
-                                    hit))
-        ballot = cute.arch.vote_ballot_sync(hit != 0)
+        above = (key ^ Int64(SIGN_BIT)) > lowest
+        hit = Int32(cutlass.select_(above, Int32(1), Int32(0)))
+        ballot = cute.arch.vote_ballot_sync(above)
         hits.append(hit)
         ballots.append(ballot)
         count = count + cute.arch.popc(ballot)
@@ -502,12 +485,12 @@ def make_stable_topk(num_threads: int, sort_size: int, items_per_thread: int = 0
                         s_hists[(p + 1) % num_hists][tidx] = Int32(0)
                 if cutlass.const_expr(ITEMS > 0):
                     for jr in cutlass.range_constexpr(ITEMS):
-                        _count_digit(regs[jr], mask, prefix, shift, lanes_below, s_hist)
+                        _count_digit(regs[jr], mask, prefix, shift, s_hist)
                 else:
                     for w in cutlass.range(num_segments):
                         for c0 in cutlass.range(0, seg_len, NT):
                             _count_digit(_streamed_key(cand, w, row, c0 + tidx), mask, prefix,
-                                         shift, lanes_below, s_hist)
+                                         shift, s_hist)
                 if cutlass.const_expr(PAIR):  # both halves of the row are counted
                     cute.arch.cluster_arrive()
                     cute.arch.cluster_wait()
@@ -592,15 +575,22 @@ def make_stable_topk(num_threads: int, sort_size: int, items_per_thread: int = 0
             for i in cutlass.range(fill_from + tidx, S, NT):
                 s_keys[i] = Int64(cutlass.select_(i < n_cand, prefix ^ Int64(SIGN_BIT),
                                                   Int64(SIGN_BIT)))
-        if cutlass.const_expr(ITEMS > 0):
-            for g0 in cutlass.range_constexpr(0, ITEMS, GATHER_GROUP):
-                _gather(regs[g0:g0 + GATHER_GROUP], mask, prefix, active, lane, lanes_below,
-                        s_keys, s_ctl, m, PAIR)
-        else:
-            for w in cutlass.range(num_segments):
-                for c0 in cutlass.range(0, seg_len, NT):
-                    _gather([_streamed_key(cand, w, row, c0 + tidx)], mask, prefix, active,
-                            lane, lanes_below, s_keys, s_ctl, m)
+        # The gathered keys are those above `floor` (unsigned): key & mask >= prefix is
+        # key >= prefix (the prefix has no bits outside the mask), and key 0 is never
+        # gathered; with all 64 bits used, key > prefix. No key lies above the all-ones
+        # prefix (num_above = 0): the gather is skipped, as `floor + 1` would wrap.
+        floor = Int64(cutlass.select_(active != 0, prefix,
+                                      cutlass.select_(prefix == 0, prefix, prefix - 1)))
+        if cutlass.select_(active != 0, num_above, n_cand) != 0:
+            if cutlass.const_expr(ITEMS > 0):
+                for g0 in cutlass.range_constexpr(0, ITEMS, GATHER_GROUP):
+                    _gather(regs[g0:g0 + GATHER_GROUP], floor, lane, lanes_below, s_keys,
+                            s_ctl, m, PAIR)
+            else:
+                for w in cutlass.range(num_segments):
+                    for c0 in cutlass.range(0, seg_len, NT):
+                        _gather([_streamed_key(cand, w, row, c0 + tidx)], floor, lane,
+                                lanes_below, s_keys, s_ctl, m)
         if cutlass.const_expr(PAIR):  # CTA 1's keys have landed; it is done
             cute.arch.cluster_arrive()
             cute.arch.cluster_wait()
