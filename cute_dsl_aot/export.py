@@ -26,13 +26,14 @@ ARCHS = ("sm_90a", "sm_100a")
 #: per sorting thread, a CTA pair per row, CTAs per SM). The launcher picks the first
 #: variant with next_pow2(min(k, N)) <= S and W * ceil(K / threads) <= keys_per_thread
 #: (times 2 for a pair; 0: streamed, any N), skipping pairs when 2 * rows exceeds the
-#: SMs and variants of 2 CTAs per SM below 4 rows per SM.
+#: SMs and variants of 2 CTAs per SM while the rows fit the SMs one CTA each.
 #: - A pair sorts with 4 keys per thread: each CTA sorts half the keys, and twice the
 #:   sorting warps of 8 keys per thread hide more latency (H200, 64 rows, k = 2048: 14.6
 #:   against 15.2 us).
-#: - d16 (512 threads, 2 CTAs per SM) against r8, H200, W = 4, K = 2048, k = S: 1024
-#:   rows -4.2% (S = 2048), -5.6% (1024), -2.6% (512); 2048 rows -5.4%; 528 rows -1%
-#:   to -2%; 264 rows +4%. At S = 4096 it gains 1.4% at 1024 rows: not exported.
+#: - d16 (512 threads, 2 CTAs per SM) against r8, H200 (132 SMs), W = 4, K = 2048,
+#:   k = S = 2048 (seventh session's select): 132 rows +7%, 200 rows -15%, 264 -13%,
+#:   396 -3%, 528 -11%, 792 -13%, 1024 -13%. (Older select, S = 1024 / 512 at 1024
+#:   rows: -5.6% / -2.6%; S = 4096: -1.4%, not exported.)
 VARIANTS = tuple(
     (f"{kind}_s{size}", threads, size, items, 2 if kind[0] == "p" else 3, kind[0] == "p",
      ctas)

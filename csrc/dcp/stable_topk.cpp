@@ -29,8 +29,6 @@ struct OutParam {
 static_assert(sizeof(CandParam) == 48, "cute.Tensor parameter layout");
 static_assert(sizeof(OutParam) == 32, "cute.Tensor parameter layout");
 
-constexpr int64_t kRowsPerSmForSharedSms = 4;
-
 int64_t next_pow2(int64_t x) {
   int64_t p = 1;
   while (p < x) p <<= 1;
@@ -50,9 +48,10 @@ const LoadedKernel& choose_variant(int64_t segments, int64_t rows, int64_t seg_l
     const int64_t sms = variants[i].multiprocessors;
     // A CTA pair per row pays off only while the pairs fit the SMs side by side.
     if (e.cluster[0] > 1 && rows * e.cluster[0] > sms) continue;
-    // Two CTAs per SM (one's sort beside the other's select) pay off from about 4 rows
-    // per SM (H200: -1% to -2% at 4, -4% to -6% at 8 and more, +4% at 2).
-    if (e.ctas_per_sm > 1 && rows < kRowsPerSmForSharedSms * sms) continue;
+    // Two CTAs per SM (one's sort beside the other's select) pay off once the rows
+    // outnumber the SMs (H200, k = 2048: +7% at 1 row per SM, -15% at 1.5, -3% to -13%
+    // from 3).
+    if (e.ctas_per_sm > 1 && rows <= sms) continue;
     // A register variant holds one key of every (segment, block-wide chunk) per thread
     // (the CTAs of a cluster share them out).
     const int64_t chunks = segments * ((seg_len + e.block[0] - 1) / e.block[0]);
