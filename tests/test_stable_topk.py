@@ -32,6 +32,8 @@ def make_scores_gids(kind: str, rows: int, n: int, seed: int):
         scores = torch.randn(rows, n, generator=g)
     elif kind == "ties":  # a few distinct values: order decided by the ids
         scores = torch.randint(0, 3, (rows, n), generator=g).float()
+    elif kind == "bf16":  # low-precision scores: the low 16 score bits are all zero
+        scores = torch.randn(rows, n, generator=g).bfloat16().float()
     elif kind == "equal":
         scores = torch.full((rows, n), 0.25)
     elif kind == "special":
@@ -109,7 +111,7 @@ def test_encoding_extreme_ids():
 # Against the reference
 # ---------------------------------------------------------------------------------------
 
-KINDS = ["random", "ties", "equal", "special", "big_ids", "shortfall"]
+KINDS = ["random", "ties", "bf16", "equal", "special", "big_ids", "shortfall"]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -132,7 +134,7 @@ def test_one_row_large(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("kind", ["ties", "random"])
+@pytest.mark.parametrize("kind", ["ties", "random", "bf16"])
 @pytest.mark.parametrize("n,k", [(8192, 512), (8193, 513), (16384, 1024), (16385, 1025),
                                  (8192, 2048), (8193, 2048), (16384, 2049), (4096, 4096),
                                  (16384, 4096), (16385, 100), (30000, 4096), (4097, 4097),
@@ -346,6 +348,46 @@ def test_runs_of_shared_prefixes(device, n, k, rows):
     """Runs of keys that agree on their high bits, with shortfalls and negative NaNs next
     to the padding, in CTA pairs (12 rows) and single CTAs (150 rows)."""
     check(make_run_rows(n, k, rows, seed=n + k + rows), k, device)
+
+
+def make_shared_bit_rows(n: int, rows: int, seed: int) -> torch.Tensor:
+    """Rows whose keys share runs of bits below the second digit (bits 48..55), so that
+    the select's third digit starts lower: scores that differ only in their lowest score
+    byte (the digit at bits 32..39), equal scores with ids that differ only in bits 0..5
+    (the digit clamped to bits 0..7, overlapping known bits), two keys each repeated
+    (equal below bit 48: every bit fixed after the second pass), bf16 scores with small
+    ids, and the same with a few keys that break the shared bits."""
+    g = torch.Generator().manual_seed(seed)
+    base = torch.full((n,), 0x3F800000, dtype=torch.int64)
+    out = []
+    for r in range(rows):
+        gids = torch.randperm(4 * n, generator=g)[:n].to(torch.int32) + r
+        kind = r % 5
+        if kind == 0:
+            bits = base + torch.randint(0, 256, (n,), generator=g)
+        elif kind == 1:
+            bits = base.clone()
+            gids = torch.randint(0, 64, (n,), generator=g, dtype=torch.int32)
+        elif kind == 2:
+            bits = base + (torch.randint(0, 2, (n,), generator=g) << 16)
+            gids = torch.full((n,), 7 + r, dtype=torch.int32)
+        else:
+            scores = torch.randn(n, generator=g).bfloat16().float()
+            bits = scores.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+            if kind == 4:  # a few full-precision scores among them
+                bits[::97] ^= torch.randint(1, 1 << 16, (len(bits[::97]),), generator=g)
+        scores = (bits & 0xFFFFFFFF).to(torch.int32).view(torch.float32)
+        out.append(reference.encode_candidate_keys(scores, gids))
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("n,k", [(600, 300), (4000, 1000), (8192, 2048), (12000, 4000)])
+@pytest.mark.parametrize("rows", [10, 100, 150])
+def test_shared_bits_skip_digits(device, n, k, rows):
+    """Keys sharing whole bytes below the second digit, in CTA pairs (10 rows), one CTA
+    of 1024 threads (100) and, past the SM count, 2 CTAs per SM (150 rows on the H200)."""
+    check(make_shared_bit_rows(n, rows, seed=n + rows), k, device)
 
 
 @pytest.mark.parametrize("device", DEVICES)
