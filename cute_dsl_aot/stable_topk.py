@@ -17,17 +17,14 @@ two). With ``sel = min(k, N)``:
    of the digit of every nonzero key that matches the prefix found so far (histograms
    used in rotation, so a pass needs two barriers); one warp scans the 256 bins from the
    top (adding the peer CTA's bins in a pair) and picks the digit holding the
-   ``need``-th largest key. The second pass also ANDs and ORs the keys it counts: bits
-   below its digit that all of them share join the prefix at once, and the third digit
-   starts at the highest bit where they differ (tied or low-precision scores, whose
-   low score bytes are all zero, and ids below 2^24 skip up to three passes). Result:
+   ``need``-th largest key. Result:
    a masked prefix P (mask M) such that the top ``sel_eff`` keys are all keys with
    ``key & M > P`` plus ``need`` keys with ``key & M == P``. The select stops after the
    first pass whose candidate set ``C = {key & M >= P}`` (``n_cand = sel_eff - need +
    bucket`` keys) fits the sort (``n_cand <= S``): every key outside C is smaller than
    every key in C, so the top ``sel_eff`` keys of C are the answer. If it never stops,
-   all 64 bits were fixed: the ``need`` keys taken from the bin are equal, so which
-   copies are taken does not matter (``n_cand == sel_eff``).
+   all 64 bits were used: the ``need`` keys taken from the bin are equal, so which copies
+   are taken does not matter (``n_cand == sel_eff``).
 2. Gather the ``n_cand`` keys into shared memory (one shared atomic per warp for its
    slots, so the order is arbitrary, the set exact and the slots need no swizzle; in a
    pair CTA 0 counts the slots and slot i lives in CTA ``i >> (log2(S) - 1)``), stored
@@ -72,11 +69,8 @@ import sort_plan
 RADIX_BITS = 8
 NUM_BINS = 1 << RADIX_BITS
 NUM_PASSES = 64 // RADIX_BITS
-CTL_WORDS = 16  # shared words: 0 digit, 1 keys above the bin, 2 bin count, 3 gather
-#                slots, 5 keys to select, 8-11 the second pass's span (AND high, AND low,
-#                OR high, OR low of the keys it counts), 12-15 the same for both CTAs
-SPAN_WORDS = 8
-PAIR_SPAN_WORDS = 12
+CTL_WORDS = 8  # shared words: 0 digit, 1 keys above the bin, 2 bin count, 3 gather slots,
+#               5 keys to select
 SIGN_BIT = -(1 << 63)  # int64 with only the top bit set; also the flipped key 0
 SORT_BARRIER = 1  # named barrier of the sorting threads
 SMEM_BUDGET = 200 * 1024  # two sort buffers when they fit, else one (two barriers a window)
@@ -182,47 +176,6 @@ def _count_digit(key: Int64, mask: Int64, prefix: Int64,
     if (key != 0) & ((key & mask) == prefix):
         digit = Int32((key >> shift) & (NUM_BINS - 1))
         cute.arch.atomic_add((s_hist.iterator + digit).llvm_ptr, Int32(1))
-
-
-@cute.jit
-def _count_digit_span(key: Int64, mask: Int64, prefix: Int64,
-                      shift: cutlass.Constexpr[int], s_hist: cute.Tensor, span_and: Int64,
-                      span_or: Int64):
-    """_count_digit, also folding each counted key into a running AND and OR."""
-    if (key != 0) & ((key & mask) == prefix):
-        digit = Int32((key >> shift) & (NUM_BINS - 1))
-        cute.arch.atomic_add((s_hist.iterator + digit).llvm_ptr, Int32(1))
-        span_and = span_and & key
-        span_or = span_or | key
-    return span_and, span_or
-
-
-@cute.jit
-def _count_digit_at(key: Int64, mask: Int64, prefix: Int64, shift: Int32,
-                    s_hist: cute.Tensor):
-    """_count_digit with a digit position known only at run time."""
-    if (key != 0) & ((key & mask) == prefix):
-        digit = Int32((key >> Int64(shift)) & (NUM_BINS - 1))
-        cute.arch.atomic_add((s_hist.iterator + digit).llvm_ptr, Int32(1))
-
-
-@cute.jit
-def _publish_span(span_and: Int64, span_or: Int64, lane: Int32, s_ctl: cute.Tensor):
-    """Fold a warp's running AND / OR into s_ctl[SPAN_WORDS ...] (4 words, 32-bit halves)."""
-    and_hi = cute.arch.warp_redux_sync(Int32(span_and >> 32), "and")
-    and_lo = cute.arch.warp_redux_sync(Int32(span_and), "and")
-    or_hi = cute.arch.warp_redux_sync(Int32(span_or >> 32), "or")
-    or_lo = cute.arch.warp_redux_sync(Int32(span_or), "or")
-    if lane == 0:
-        cute.arch.atomic_and((s_ctl.iterator + SPAN_WORDS).llvm_ptr, and_hi)
-        cute.arch.atomic_and((s_ctl.iterator + SPAN_WORDS + 1).llvm_ptr, and_lo)
-        cute.arch.atomic_or((s_ctl.iterator + SPAN_WORDS + 2).llvm_ptr, or_hi)
-        cute.arch.atomic_or((s_ctl.iterator + SPAN_WORDS + 3).llvm_ptr, or_lo)
-
-
-def _span_word(s_ctl: cute.Tensor, i: int) -> Int64:
-    """The 64-bit value of span words i (high) and i + 1 (low)."""
-    return (Int64(s_ctl[i]) << 32) | (Int64(s_ctl[i + 1]) & Int64(0xFFFFFFFF))
 
 
 @cute.jit
@@ -482,9 +435,8 @@ def make_stable_topk(num_threads: int, sort_size: int, items_per_thread: int = 0
                                         byte_alignment=16) for _ in range(num_hists)]
         s_ctl = smem.allocate_tensor(Int32, cute.make_layout((CTL_WORDS,)), byte_alignment=16)
 
-        if tidx < CTL_WORDS:  # the span's AND words start all ones, the rest zero
-            s_ctl[tidx] = Int32(cutlass.select_((tidx >= SPAN_WORDS) & (tidx < SPAN_WORDS + 2),
-                                                Int32(-1), Int32(0)))
+        if tidx < CTL_WORDS:
+            s_ctl[tidx] = Int32(0)
         if tidx < NUM_BINS:
             s_hists[0][tidx] = Int32(0)
 
@@ -520,18 +472,10 @@ def make_stable_topk(num_threads: int, sort_size: int, items_per_thread: int = 0
         need = sel
         take = sel  # keys taken from the chosen bin (set when the select stops)
         active = Int32(1)
-        all_bits = Int32(0)  # the select ended with every bit fixed (see step 2)
-        # Digit positions: bits 56..63, then 48..55; the second pass also learns which
-        # lower bits its keys (a superset of the chosen bin's) share, and the third digit
-        # starts at the highest bit where they differ (tied or low-precision scores share
-        # whole bytes), then 8 bits lower each pass, the last one clamped to bit 0.
-        shift_at = Int32(0)  # the digit position from the third pass on
         for p in cutlass.range_constexpr(NUM_PASSES):
+            shift = 64 - RADIX_BITS * (p + 1)
             s_hist = s_hists[p % num_hists]
             if active != 0:
-                shift = 64 - RADIX_BITS * (p + 1)  # constexpr for the first two passes
-                if cutlass.const_expr(p >= 2):
-                    shift = shift_at
                 # This pass counts into s_hist (zeroed before the last barrier) and zeroes
                 # the next one, whose last readers (this CTA's scan two passes ago; with
                 # PAIR also the peer's, which precedes the peer's last cluster barrier)
@@ -539,30 +483,14 @@ def make_stable_topk(num_threads: int, sort_size: int, items_per_thread: int = 0
                 if cutlass.const_expr(p + 1 < NUM_PASSES):
                     if tidx < NUM_BINS:
                         s_hists[(p + 1) % num_hists][tidx] = Int32(0)
-                span_and = Int64(-1)
-                span_or = Int64(0)
                 if cutlass.const_expr(ITEMS > 0):
                     for jr in cutlass.range_constexpr(ITEMS):
-                        if cutlass.const_expr(p == 1):
-                            span_and, span_or = _count_digit_span(
-                                regs[jr], mask, prefix, shift, s_hist, span_and, span_or)
-                        elif cutlass.const_expr(p >= 2):
-                            _count_digit_at(regs[jr], mask, prefix, shift, s_hist)
-                        else:
-                            _count_digit(regs[jr], mask, prefix, shift, s_hist)
+                        _count_digit(regs[jr], mask, prefix, shift, s_hist)
                 else:
                     for w in cutlass.range(num_segments):
                         for c0 in cutlass.range(0, seg_len, NT):
-                            key = _streamed_key(cand, w, row, c0 + tidx)
-                            if cutlass.const_expr(p == 1):
-                                span_and, span_or = _count_digit_span(
-                                    key, mask, prefix, shift, s_hist, span_and, span_or)
-                            elif cutlass.const_expr(p >= 2):
-                                _count_digit_at(key, mask, prefix, shift, s_hist)
-                            else:
-                                _count_digit(key, mask, prefix, shift, s_hist)
-                if cutlass.const_expr(p == 1):
-                    _publish_span(span_and, span_or, lane, s_ctl)
+                            _count_digit(_streamed_key(cand, w, row, c0 + tidx), mask, prefix,
+                                         shift, s_hist)
                 if cutlass.const_expr(PAIR):  # both halves of the row are counted
                     cute.arch.cluster_arrive()
                     cute.arch.cluster_wait()
@@ -611,13 +539,6 @@ def make_stable_topk(num_threads: int, sort_size: int, items_per_thread: int = 0
                                         s_ctl[2] = counts[j]
                                         found = Int32(1)
                                 run = run + counts[j]
-                if cutlass.const_expr(PAIR and p == 1):
-                    if tidx < 4:  # both CTAs' span, for every thread of this one
-                        peer = _cluster_load_i32(_cluster_addr(s_ctl, SPAN_WORDS + tidx,
-                                                               rank ^ 1))
-                        own = s_ctl[SPAN_WORDS + tidx]
-                        s_ctl[PAIR_SPAN_WORDS + tidx] = Int32(cutlass.select_(
-                            tidx < 2, own & peer, own | peer))
                 cute.arch.sync_threads()
                 digit_sel = s_ctl[0]
                 above = s_ctl[1]
@@ -626,7 +547,7 @@ def make_stable_topk(num_threads: int, sort_size: int, items_per_thread: int = 0
                     sel_eff = s_ctl[5]
                     need = sel_eff
                 prefix = prefix | (Int64(digit_sel) << shift)
-                mask = Int64(-1) << shift
+                mask = Int64(_as_int64(((1 << (RADIX_BITS * (p + 1))) - 1) << shift))
                 need = need - above
                 # Stop once every key with key & mask >= prefix (the ``num_above`` keys
                 # above the bin plus the whole bin) fits the sort: the top ``sel`` of
@@ -634,38 +555,15 @@ def make_stable_topk(num_threads: int, sort_size: int, items_per_thread: int = 0
                 if (sel_eff - need) + bucket <= S:
                     take = bucket
                     active = Int32(0)
-                elif cutlass.const_expr(p == 1):
-                    # Bits below this digit where the bin's keys may differ: none means
-                    # they are all equal to the prefix completed with the common bits.
-                    words = PAIR_SPAN_WORDS if PAIR else SPAN_WORDS
-                    common = _span_word(s_ctl, words)
-                    differ = (common ^ _span_word(s_ctl, words + 2)) & ~mask
-                    if differ == 0:
-                        prefix = prefix | (common & ~mask)
-                        mask = Int64(-1)
-                        all_bits = Int32(1)
-                        active = Int32(0)
-                    else:
-                        top = Int32(63) - Int32(cute.arch.clz(differ))
-                        shift_at = cutlass.max(top - (RADIX_BITS - 1), Int32(0))
-                        fixed = ~mask & ~((Int64(1) << Int64(shift_at + RADIX_BITS)) - 1)
-                        prefix = prefix | (common & fixed)
-                        mask = mask | fixed
-                elif cutlass.const_expr(p >= 2):
-                    if shift == 0:
-                        all_bits = Int32(1)
-                        active = Int32(0)
-                    else:
-                        shift_at = cutlass.max(shift_at - RADIX_BITS, Int32(0))
         # ---- 2. gather the selected keys, pad the rest of the sort ---------------------
         # Stopped: gather every key with key & mask >= prefix (n_cand of them). All 64
-        # bits fixed (all_bits): the ``need`` keys taken from the bin all equal the
-        # prefix, so gather the keys above it and write ``need`` copies of the prefix.
+        # bits used (active): the ``need`` keys taken from the bin all equal the prefix,
+        # so gather the keys above it and write ``need`` copies of the prefix.
         num_above = sel_eff - need
         n_cand = num_above + take
-        if all_bits != 0:
+        if active != 0:
             n_cand = sel_eff
-        fill_from = cutlass.select_(all_bits != 0, num_above, n_cand)
+        fill_from = cutlass.select_(active != 0, num_above, n_cand)
         if cutlass.const_expr(PAIR):  # each CTA fills its half of the slots (see _pair_sort)
             half_lo = rank * (S // 2)
             for i in cutlass.range(cutlass.max(fill_from, half_lo) + tidx, half_lo + S // 2, NT):
@@ -681,9 +579,9 @@ def make_stable_topk(num_threads: int, sort_size: int, items_per_thread: int = 0
         # key >= prefix (the prefix has no bits outside the mask), and key 0 is never
         # gathered; with all 64 bits used, key > prefix. No key lies above the all-ones
         # prefix (num_above = 0): the gather is skipped, as `floor + 1` would wrap.
-        floor = Int64(cutlass.select_(all_bits != 0, prefix,
+        floor = Int64(cutlass.select_(active != 0, prefix,
                                       cutlass.select_(prefix == 0, prefix, prefix - 1)))
-        if cutlass.select_(all_bits != 0, num_above, n_cand) != 0:
+        if cutlass.select_(active != 0, num_above, n_cand) != 0:
             if cutlass.const_expr(ITEMS > 0):
                 for g0 in cutlass.range_constexpr(0, ITEMS, GATHER_GROUP):
                     _gather(regs[g0:g0 + GATHER_GROUP], floor, lane, lanes_below, s_keys,
