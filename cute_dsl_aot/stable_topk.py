@@ -577,8 +577,8 @@ def make_stable_topk(num_threads: int, sort_size: int, items_per_thread: int = 0
                                                   Int64(SIGN_BIT)))
         # The gathered keys are those above `floor` (unsigned): key & mask >= prefix is
         # key >= prefix (the prefix has no bits outside the mask), and key 0 is never
-        # gathered; with all 64 bits used, key > prefix. No key lies above the all-ones
-        # prefix (num_above = 0): the gather is skipped, as `floor + 1` would wrap.
+        # gathered; with all 64 bits used, key > prefix. With nothing to gather (no
+        # nonzero key, or all the keys taken are copies of the prefix) the sweep is skipped.
         floor = Int64(cutlass.select_(active != 0, prefix,
                                       cutlass.select_(prefix == 0, prefix, prefix - 1)))
         if cutlass.select_(active != 0, num_above, n_cand) != 0:
