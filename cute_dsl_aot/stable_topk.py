@@ -581,7 +581,7 @@ def make_stable_topk(num_threads: int, sort_size: int, items_per_thread: int = 0
         # nonzero key, or all the keys taken are copies of the prefix) the sweep is skipped.
         floor = Int64(cutlass.select_(active != 0, prefix,
                                       cutlass.select_(prefix == 0, prefix, prefix - 1)))
-        if cutlass.select_(active != 0, num_above, n_cand) != 0:
+        if fill_from != 0:  # the gathered keys take slots 0 .. fill_from - 1
             if cutlass.const_expr(ITEMS > 0):
                 for g0 in cutlass.range_constexpr(0, ITEMS, GATHER_GROUP):
                     _gather(regs[g0:g0 + GATHER_GROUP], floor, lane, lanes_below, s_keys,
