@@ -351,12 +351,12 @@ def test_runs_of_shared_prefixes(device, n, k, rows):
 
 
 def make_shared_bit_rows(n: int, rows: int, seed: int) -> torch.Tensor:
-    """Rows whose keys share runs of bits below the second digit (bits 48..55), so that
-    the select's third digit starts lower: scores that differ only in their lowest score
-    byte (the digit at bits 32..39), equal scores with ids that differ only in bits 0..5
-    (the digit clamped to bits 0..7, overlapping known bits), two keys each repeated
-    (equal below bit 48: every bit fixed after the second pass), bf16 scores with small
-    ids, and the same with a few keys that break the shared bits."""
+    """Rows whose keys share whole bytes below the select's second digit (bits 48..55),
+    so several passes each find every remaining key in one bin: scores that differ only
+    in their lowest score byte, equal scores with ids that differ only in bits 0..5, two
+    keys each repeated (equal below bit 48), bf16 scores with small ids, and the same
+    with a few keys that break the shared bits. (Also the cases a select that skips
+    shared bytes must get right: c843fae, reverted.)"""
     g = torch.Generator().manual_seed(seed)
     base = torch.full((n,), 0x3F800000, dtype=torch.int64)
     out = []
@@ -384,7 +384,7 @@ def make_shared_bit_rows(n: int, rows: int, seed: int) -> torch.Tensor:
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("n,k", [(600, 300), (4000, 1000), (8192, 2048), (12000, 4000)])
 @pytest.mark.parametrize("rows", [10, 100, 150])
-def test_shared_bits_skip_digits(device, n, k, rows):
+def test_shared_low_bytes(device, n, k, rows):
     """Keys sharing whole bytes below the second digit, in CTA pairs (10 rows), one CTA
     of 1024 threads (100) and, past the SM count, 2 CTAs per SM (150 rows on the H200)."""
     check(make_shared_bit_rows(n, rows, seed=n + rows), k, device)
