@@ -19,6 +19,9 @@ PYBIND11_MODULE(_C, m) {
 
   // Spec section 2: top-K token ids -> paged-KV slots (DCP de-interleave, compaction).
   m.def("convert_req_index_to_global_index", &dsa::convert_req_index_to_global_index);
+  // How the conversion kernel covers a shape (tests, diagnostics), and a test override.
+  m.def("convert_index_plan", &dsa::convert_index_plan);
+  m.def("set_convert_plan_override", &dsa::set_convert_plan_override);
   // Spec section 1: rank-local lengths of any lengths (one rank or one column per rank).
   m.def("dcp_local_seq_lens", &dsa::dcp_local_seq_lens);
   // Spec section 3: C128A decode slots, decode lengths and prefill positions, one launch.

@@ -305,3 +305,47 @@ def test_row_offsets_beyond_2_pow_31_elements():
     assert big_out[K:K + 16].eq(7).all()  # nothing written between the rows
     del big_in, big_out
     torch.cuda.empty_cache()
+
+
+# ---------------------------------------------------------------------------------------
+# Every kernel plan (split rows in clusters, split rows without counts, one CTA per row)
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.cuda
+def test_plans_by_shape():
+    from dsa_ext import _C
+    plan = _C.convert_index_plan  # (columns per thread, CTAs per row, or threads of one CTA)
+    assert tuple(plan(1, 2048, False, 0)) == (1, 8, 0)
+    assert tuple(plan(1, 2048, True, 0)) == (1, 8, 0)
+    assert tuple(plan(16, 8192, True, 0)) == (8, 4, 0)  # counted rows: at most 4 parts
+    assert tuple(plan(1 << 14, 2048, True, 0)) == (8, 1, 0)
+    assert tuple(plan(1 << 14, 100, True, 0)) == (1, 1, 0)
+    assert tuple(plan(1 << 14, 8192, True, 0)) == (0, 1, 256)  # many rows: no exchange
+    assert tuple(plan(4, 1 << 15, True, 0)) == (0, 1, 256)  # past one cluster's tiles
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("plan", [0, 1, 2, 4, 8])
+@given(case=conversion_cases(), counts=st.booleans(), in_place=st.booleans())
+def test_every_plan_matches_reference(plan, case, counts, in_place):
+    """Forced plans on random shapes, with and without counts; compaction in place too
+    (the output aliasing the token ids, which every part must read before any writes)."""
+    from dsa_ext import _C
+    req, block_table, tok, block_size, kw = case
+    want, want_counts = reference.convert_req_index_to_global_index(
+        req, block_table, tok, block_size, **kw)
+    kw_dev = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
+    tok_dev = tok.cuda()
+    out = tok_dev if in_place and kw["compact"] else None
+    _C.set_convert_plan_override(plan)
+    try:
+        got = dsa_ext.convert_req_index_to_global_index(
+            req.cuda(), block_table.cuda(), tok_dev, block_size, return_valid_counts=counts,
+            out=out, **kw_dev)
+    finally:
+        _C.set_convert_plan_override(-1)
+    if counts:
+        got, got_counts = got
+        assert_equal(got_counts, want_counts)
+    assert_equal(got, want)

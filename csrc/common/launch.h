@@ -110,23 +110,43 @@ __device__ __forceinline__ void await_previous_kernel() {
 }
 
 /*!
- * \brief Launches `kernel` on `stream`, as a programmatic dependent launch unless
- *        DSA_EXT_PDL=0; `what` names the op in the error.
+ * \brief Launches `kernel` on `stream` in clusters of `cluster_x` CTAs along x (1: no
+ *        cluster) with `dynamic_smem` bytes of dynamic shared memory, as a programmatic dependent launch unless DSA_EXT_PDL=0; `what` names
+ *        the op in the error.
  */
 template <typename... Params, typename... Args>
-void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream,
-                   const char* what, Args&&... args) {
-  cudaLaunchAttribute attribute = {};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
+void launch_clustered_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, int cluster_x,
+                             size_t dynamic_smem, cudaStream_t stream, const char* what,
+                             Args&&... args) {
+  cudaLaunchAttribute attributes[2] = {};
+  unsigned count = 0;
+  if (programmatic_launch_enabled()) {
+    attributes[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attributes[count].val.programmaticStreamSerializationAllowed = 1;
+    ++count;
+  }
+  if (cluster_x > 1) {
+    attributes[count].id = cudaLaunchAttributeClusterDimension;
+    attributes[count].val.clusterDim.x = static_cast<unsigned>(cluster_x);
+    attributes[count].val.clusterDim.y = 1;
+    attributes[count].val.clusterDim.z = 1;
+    ++count;
+  }
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;
-  config.dynamicSmemBytes = 0;
+  config.dynamicSmemBytes = dynamic_smem;
   config.stream = stream;
-  config.attrs = &attribute;
-  config.numAttrs = programmatic_launch_enabled() ? 1 : 0;
+  config.attrs = attributes;
+  config.numAttrs = count;
   throw_on_cuda_error(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...), what);
+}
+
+//! Launches `kernel` on `stream` without clusters (see launch_clustered_kernel).
+template <typename... Params, typename... Args>
+void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream,
+                   const char* what, Args&&... args) {
+  launch_clustered_kernel(kernel, grid, block, 1, 0, stream, what, std::forward<Args>(args)...);
 }
 #endif
 

@@ -2,11 +2,11 @@
 //
 // The op is write-bound (T x width x 4 bytes out, a few bytes in per row). Grid: y strides
 // over the rows, x splits a row's columns only when there are too few rows to fill the
-// device; each thread then loops over its row's columns in steps of kThreads x kItems.
+// device; each block then loops over its row's columns in steps of kThreads x kItems.
 // Decode and prefill rows share one launch and a block never diverges on the row kind.
 // Few, long-lived blocks pay the dependent loads of a row's setup (position, request,
 // table row) once per row instead of once per 4 KB of output. With dense 16-byte-aligned
-// rows each thread writes kItems columns as two int4 stores.
+// rows each thread writes kItems columns as int4 stores, a warp's stores contiguous.
 #include <atomic>
 
 #include "c128a_metadata.h"
@@ -18,22 +18,27 @@ constexpr int kItems = 8;  // columns per thread per step: two 16-byte stores
 
 template <int kThreads, bool kVector>
 __global__ void __launch_bounds__(kThreads) c128a_metadata_kernel(const C128AArgs a) {
+  constexpr int kChunks = kItems / 4;  // 16-byte chunks per thread per step
   await_previous_kernel();
-  const int64_t step = static_cast<int64_t>(gridDim.x) * kThreads * kItems;
+  const int64_t block_cols = static_cast<int64_t>(kThreads) * kItems;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * block_cols;
   for (int64_t t = blockIdx.y; t < a.num_tokens; t += gridDim.y) {
     const C128ARow row = c128a_row(a, t);
     if (row.decode && blockIdx.x == 0 && threadIdx.x == 0) a.decode_lens[t] = row.n;
-    for (int64_t c0 = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) * kItems;
-         c0 < a.width; c0 += step) {
-      if (kVector && c0 + kItems <= a.width) {
-        int32_t v[kItems];
+    for (int64_t first = blockIdx.x * block_cols; first < a.width; first += step) {
+      // Chunk j of thread i starts at column first + (j * kThreads + i) * 4: each store
+      // instruction of a warp covers 512 contiguous bytes.
 #pragma unroll
-        for (int j = 0; j < kItems; ++j) v[j] = c128a_entry(a, row, c0 + j);
-        *reinterpret_cast<int4*>(row.out + c0) = make_int4(v[0], v[1], v[2], v[3]);
-        *reinterpret_cast<int4*>(row.out + c0 + 4) = make_int4(v[4], v[5], v[6], v[7]);
-      } else {
-        for (int64_t c = c0; c < c0 + kItems && c < a.width; ++c) {
-          row.out[c * row.col_stride] = c128a_entry(a, row, c);
+      for (int j = 0; j < kChunks; ++j) {
+        const int64_t c0 = first + (static_cast<int64_t>(j) * kThreads + threadIdx.x) * 4;
+        if (kVector && c0 + 4 <= a.width) {
+          *reinterpret_cast<int4*>(row.out + c0) =
+              make_int4(c128a_entry(a, row, c0), c128a_entry(a, row, c0 + 1),
+                        c128a_entry(a, row, c0 + 2), c128a_entry(a, row, c0 + 3));
+        } else {
+          for (int64_t c = c0; c < c0 + 4 && c < a.width; ++c) {
+            row.out[c * row.col_stride] = c128a_entry(a, row, c);
+          }
         }
       }
     }

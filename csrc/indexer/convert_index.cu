@@ -1,101 +1,249 @@
 // Index conversion: the CUDA kernel and its launcher.
 //
-// One block per row (grid-stride over rows). A tile of kThreads * kItems columns is
-// striped: item j of thread i is column tile + j * kThreads + i, so every load and store
-// of a warp touches consecutive columns. With compaction, warp ballots give each valid
-// slot its rank inside a 32-column run and one shared-memory scan over the per-warp counts
-// places the runs, so a warp's valid slots land contiguously in ascending column order
-// (deterministic, unlike the atomics-based reference kernel) and the stores coalesce.
+// A tile is kThreads * kItems columns of one row, striped: item j of thread i is column
+// tile + j * kThreads + i, so every load and store of a warp touches consecutive columns.
+// With compaction, warp ballots give each valid slot its rank inside a 32-column run and
+// one shared-memory scan over the run counts places the runs, so a warp's valid slots
+// land contiguously in ascending column order (deterministic, unlike the atomics-based
+// kernel of vLLM) and the stores coalesce.
+//
+// Two ways to cover a row (ConvertPlan):
+// - split: the row's tiles go to `parts` CTAs (one tile each) that run side by side, so a
+//   few rows still spread their loads and block-table gathers over many SMs (the decode
+//   shapes, where one CTA per row leaves the chip idle and waits on one SM's gathers).
+//   When counts are needed the parts form a thread block cluster: each part publishes its
+//   valid count in shared memory and reads the lower parts' counts through distributed
+//   shared memory, which gives its compaction offset and the row total.
+// - per row: one CTA loops over the row's tiles (grid-stride over rows), carrying the
+//   running count from tile to tile: the bandwidth-bound shapes with many rows.
+#include <cooperative_groups.h>
+
+#include <atomic>
+
 #include "convert_index.h"
 
 namespace dsa {
 namespace {
 
-constexpr int kItems = 8;  // columns per thread per tile
+namespace cg = cooperative_groups;
 
-// kDense: token_indices, out and block_table rows are contiguous (column stride 1), so
-// column offsets need no multiply and loads take immediate offsets.
-template <int kThreads, bool kCompact, bool kDense>
-__global__ void __launch_bounds__(kThreads, 2048 / kThreads) convert_index_kernel(const ConvertIndexArgs a) {
-  constexpr int kWarps = kThreads / 32;
-  constexpr int kRuns = kItems * kWarps;  // 32-column runs per tile, in column order
-  constexpr int64_t kTile = static_cast<int64_t>(kThreads) * kItems;
+//! Thread counts and items per thread the kernels are built for (see convert_plan).
+constexpr int kSplitThreads = 256;
+constexpr int kRowThreads = 256;
+constexpr int kRowItems = 8;
+constexpr int kRowMinBlocks = 3;  // CTAs per SM the row kernels keep registers for
+//! Largest portable cluster: a split row has at most this many parts.
+constexpr int kMaxParts = 8;
+
+/*!
+ * \brief One tile of one row in registers: the slots, and (when counting) the ballots of
+ *        valid slots and the exclusive offset of each 32-column run.
+ */
+template <int kThreads, int kItems>
+struct Tile {
+  static constexpr int kWarps = kThreads / 32;
+  static constexpr int kRuns = kItems * kWarps;  // 32-column runs per tile, column order
   static_assert(kRuns <= 2 * 32, "one warp scans the run counts, two per lane");
-  __shared__ int run_offset[kRuns + 1];  // exclusive prefix of valid slots per run
-  await_previous_kernel();
+  int32_t slot[kItems];
+  unsigned valid[kItems];
+};
 
+//! Issues the token loads of the tile of row t that starts at column `first`.
+template <int kThreads, int kItems, bool kDense>
+__device__ __forceinline__ void load_tile(const ConvertIndexArgs& a, int64_t t, int64_t first,
+                                          Tile<kThreads, kItems>& tile) {
+  const int64_t K = a.token_indices.cols;
+  const int32_t* in = a.token_indices.row(t);
+  const int64_t in_stride = kDense ? 1 : a.token_indices.col_stride;
+#pragma unroll
+  for (int j = 0; j < kItems; ++j) {
+    const int64_t c = first + j * kThreads + threadIdx.x;
+    // Token ids are read once: stream them (evict-first) so that L1 keeps the block-table
+    // row that every token of the row gathers from.
+    tile.slot[j] = c < K ? __ldcs(in + c * in_stride) : -1;
+  }
+}
+
+//! Token ids -> slots (the element rule of convert_index.h).
+template <int kThreads, int kItems, bool kDenseTable>
+__device__ __forceinline__ void convert_loaded(const ConvertIndexArgs& a, const ConvertRow& row,
+                                               Tile<kThreads, kItems>& tile) {
+#pragma unroll
+  for (int j = 0; j < kItems; ++j) tile.slot[j] = convert_token<kDenseTable>(a, row, tile.slot[j]);
+}
+
+/*!
+ * \brief Ballots of the valid slots and the exclusive prefix of valid slots per run in
+ *        run_offset[0, kRuns), the tile's total in run_offset[kRuns]. Block-wide: every
+ *        thread calls it; run_offset is readable when it returns.
+ */
+template <int kThreads, int kItems>
+__device__ __forceinline__ void count_tile(Tile<kThreads, kItems>& tile, int* run_offset) {
+  constexpr int kWarps = Tile<kThreads, kItems>::kWarps;
+  constexpr int kRuns = Tile<kThreads, kItems>::kRuns;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+#pragma unroll
+  for (int j = 0; j < kItems; ++j) {
+    tile.valid[j] = __ballot_sync(0xffffffffu, tile.slot[j] >= 0);
+    if (lane == 0) run_offset[j * kWarps + warp] = __popc(tile.valid[j]);
+  }
+  __syncthreads();
+  if (warp == 0) {  // exclusive scan of the kRuns counts, two per lane
+    const int n0 = 2 * lane < kRuns ? run_offset[2 * lane] : 0;
+    const int n1 = 2 * lane + 1 < kRuns ? run_offset[2 * lane + 1] : 0;
+    int incl = n0 + n1;
+#pragma unroll
+    for (int d = 1; d < 32; d *= 2) {
+      const int up = __shfl_up_sync(0xffffffffu, incl, d);
+      if (lane >= d) incl += up;
+    }
+    __syncwarp();
+    if (2 * lane < kRuns) run_offset[2 * lane] = incl - n0 - n1;
+    if (2 * lane + 1 < kRuns) run_offset[2 * lane + 1] = incl - n1;
+    if (lane == 31) run_offset[kRuns] = incl;
+  }
+  __syncthreads();
+}
+
+//! Writes the tile's valid slots compacted, the first at out[base] (column order kept).
+template <int kThreads, int kItems, bool kDense>
+__device__ __forceinline__ void store_compacted(const Tile<kThreads, kItems>& tile,
+                                                const int* run_offset, int64_t base,
+                                                int32_t* out, int64_t out_stride) {
+  constexpr int kWarps = Tile<kThreads, kItems>::kWarps;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const unsigned lanes_below = (1u << lane) - 1u;
+#pragma unroll
+  for (int j = 0; j < kItems; ++j) {
+    if (tile.slot[j] >= 0) {
+      const int64_t pos =
+          base + run_offset[j * kWarps + warp] + __popc(tile.valid[j] & lanes_below);
+      out[(kDense ? pos : pos * out_stride)] = tile.slot[j];
+    }
+  }
+}
+
+//! Writes the tile's slots in place (column c of the input -> column c of the output).
+template <int kThreads, int kItems, bool kDense>
+__device__ __forceinline__ void store_in_place(const Tile<kThreads, kItems>& tile,
+                                               int64_t first, int64_t K, int32_t* out,
+                                               int64_t out_stride) {
+#pragma unroll
+  for (int j = 0; j < kItems; ++j) {
+    const int64_t c = first + j * kThreads + threadIdx.x;
+    if (c < K) out[(kDense ? c : c * out_stride)] = tile.slot[j];
+  }
+}
+
+/*!
+ * \brief Split rows: CTA `part` of row t converts columns [part * tile, (part + 1) * tile).
+ *
+ * kCluster (counts needed): the `parts` CTAs of a row are one cluster. A part's valid count
+ * is run_offset[kRuns] of its own shared memory; after a cluster barrier every warp reads
+ * the counts of all parts (one lane each), which gives this part's compaction offset and
+ * the row total. The second barrier (arrive after the reads, wait before exit) keeps each
+ * part's shared memory alive until the others have read it. With compaction, the stores
+ * of a part land below its own columns' end, so an output that aliases the input is only
+ * written after every part of the row has read its tile (the first barrier).
+ */
+template <int kItems, bool kCompact, bool kDense, bool kCluster>
+__global__ void __launch_bounds__(kSplitThreads)
+    convert_split_kernel(const ConvertIndexArgs a, int parts) {
+  constexpr int kThreads = kSplitThreads;
+  constexpr int kRuns = Tile<kThreads, kItems>::kRuns;
+  constexpr int64_t kTile = static_cast<int64_t>(kThreads) * kItems;
+  __shared__ int run_offset[kRuns + 1];
+  await_previous_kernel();
+
+  const int64_t t = blockIdx.x / parts;
+  const int part = static_cast<int>(blockIdx.x - t * parts);
   const int64_t K = a.token_indices.cols;
-  const int64_t in_stride = kDense ? 1 : a.token_indices.col_stride;
+  const int64_t first = part * kTile;
+  const int64_t out_stride = kDense ? 1 : a.out.col_stride;
+  int32_t* out = a.out.row(t);
+
+  Tile<kThreads, kItems> tile;
+  load_tile<kThreads, kItems, kDense>(a, t, first, tile);  // every load before the row lookup
+  convert_loaded<kThreads, kItems, kDense>(a, convert_row(a, t), tile);
+  if constexpr (!kCluster) {
+    store_in_place<kThreads, kItems, kDense>(tile, first, K, out, out_stride);
+  } else {
+    count_tile<kThreads, kItems>(tile, run_offset);
+    int count = run_offset[kRuns], below = 0;
+    cg::cluster_group cluster = cg::this_cluster();
+    if (parts > 1) {
+      cluster.sync();  // every part's count is published (and every part's tile read)
+      const int lane = threadIdx.x % 32;
+      count = lane < parts ? *cluster.map_shared_rank(&run_offset[kRuns], lane) : 0;
+      cluster.barrier_arrive();  // done with the other parts' shared memory
+      below = lane < part ? count : 0;
+#pragma unroll
+      for (int d = 16; d >= 1; d /= 2) {
+        count += __shfl_xor_sync(0xffffffffu, count, d);
+        below += __shfl_xor_sync(0xffffffffu, below, d);
+      }
+    }
+    const int64_t total = count;
+    if constexpr (kCompact) {
+      store_compacted<kThreads, kItems, kDense>(tile, run_offset, below, out, out_stride);
+      // This part also owns the -1 tail inside its own columns.
+      const int64_t end = first + kTile < K ? first + kTile : K;
+      for (int64_t c = (total > first ? total : first) + threadIdx.x; c < end; c += kThreads) {
+        out[(kDense ? c : c * out_stride)] = -1;
+      }
+    } else {
+      store_in_place<kThreads, kItems, kDense>(tile, first, K, out, out_stride);
+    }
+    if (part == 0 && threadIdx.x == 0 && a.valid_counts.present()) {
+      a.valid_counts[t] = static_cast<int32_t>(total);
+    }
+    if (parts > 1) cluster.barrier_wait();
+  }
+}
+
+/*!
+ * \brief One CTA per row (grid-stride over rows), looping over the row's tiles with the
+ *        running valid count; the compacted tail is filled with -1 after the last tile.
+ */
+template <int kThreads, bool kCompact, bool kDense>
+__global__ void __launch_bounds__(kThreads, kRowMinBlocks)
+    convert_row_kernel(const ConvertIndexArgs a) {
+  constexpr int kItems = kRowItems;
+  constexpr int kRuns = Tile<kThreads, kItems>::kRuns;
+  constexpr int64_t kTile = static_cast<int64_t>(kThreads) * kItems;
+  __shared__ int run_offset[kRuns + 1];
+  await_previous_kernel();
+
+  const int64_t K = a.token_indices.cols;
   const int64_t out_stride = kDense ? 1 : a.out.col_stride;
   const bool need_count = kCompact || a.valid_counts.present();
 
   for (int64_t t = blockIdx.x; t < a.token_indices.rows; t += gridDim.x) {
-    const int32_t* in = a.token_indices.row(t);
     int32_t* out = a.out.row(t);
     int64_t row_count = 0;
-
-    for (int64_t tile = 0; tile < K; tile += kTile) {
-      int32_t slot[kItems];
-#pragma unroll
-      for (int j = 0; j < kItems; ++j) {  // issue every load before the row lookup
-        const int64_t c = tile + j * kThreads + threadIdx.x;
-        // Token ids are read once: stream them (evict-first) so that L1 keeps the
-        // block-table row that every token of the row gathers from.
-        slot[j] = c < K ? __ldcs(in + c * in_stride) : -1;
-      }
-      const ConvertRow row = convert_row(a, t);
-#pragma unroll
-      for (int j = 0; j < kItems; ++j) slot[j] = convert_token<kDense>(a, row, slot[j]);
-
-      unsigned valid[kItems];
-#pragma unroll
-      for (int j = 0; j < kItems; ++j) {
-        valid[j] = __ballot_sync(0xffffffffu, slot[j] >= 0);
-        if (lane == 0) run_offset[j * kWarps + warp] = __popc(valid[j]);
-      }
-      if (need_count) {
-        __syncthreads();
-        if (warp == 0) {  // exclusive scan of the kRuns counts, two per lane
-          const int n0 = 2 * lane < kRuns ? run_offset[2 * lane] : 0;
-          const int n1 = 2 * lane + 1 < kRuns ? run_offset[2 * lane + 1] : 0;
-          int incl = n0 + n1;
-#pragma unroll
-          for (int d = 1; d < 32; d *= 2) {
-            const int up = __shfl_up_sync(0xffffffffu, incl, d);
-            if (lane >= d) incl += up;
-          }
-          __syncwarp();
-          if (2 * lane < kRuns) run_offset[2 * lane] = incl - n0 - n1;
-          if (2 * lane + 1 < kRuns) run_offset[2 * lane + 1] = incl - n1;
-          if (lane == 31) run_offset[kRuns] = incl;
-        }
-        __syncthreads();
-      }
-
-#pragma unroll
-      for (int j = 0; j < kItems; ++j) {
-        const int64_t c = tile + j * kThreads + threadIdx.x;
-        if constexpr (kCompact) {
-          if (slot[j] >= 0) {
-            const int64_t pos = row_count + run_offset[j * kWarps + warp] +
-                                __popc(valid[j] & lanes_below);
-            out[pos * out_stride] = slot[j];
-          }
-        } else if (c < K) {
-          out[c * out_stride] = slot[j];
-        }
+    Tile<kThreads, kItems> tile;
+    load_tile<kThreads, kItems, kDense>(a, t, 0, tile);
+    const ConvertRow row = convert_row(a, t);
+    for (int64_t first = 0;;) {
+      convert_loaded<kThreads, kItems, kDense>(a, row, tile);
+      if (need_count) count_tile<kThreads, kItems>(tile, run_offset);
+      if constexpr (kCompact) {
+        store_compacted<kThreads, kItems, kDense>(tile, run_offset, row_count, out,
+                                                  out_stride);
+      } else {
+        store_in_place<kThreads, kItems, kDense>(tile, first, K, out, out_stride);
       }
       if (need_count) {
         row_count += run_offset[kRuns];
         __syncthreads();  // run_offset is rewritten by the next tile
       }
+      first += kTile;
+      if (first >= K) break;
+      load_tile<kThreads, kItems, kDense>(a, t, first, tile);
     }
-
     if constexpr (kCompact) {
       for (int64_t c = row_count + threadIdx.x; c < K; c += kThreads) {
-        out[c * out_stride] = -1;
+        out[(kDense ? c : c * out_stride)] = -1;
       }
     }
     if (threadIdx.x == 0 && a.valid_counts.present()) {
@@ -104,29 +252,108 @@ __global__ void __launch_bounds__(kThreads, 2048 / kThreads) convert_index_kerne
   }
 }
 
-template <int kThreads>
-void launch_with_threads(const ConvertIndexArgs& a, cudaStream_t stream) {
-  const int64_t grid = a.token_indices.rows < kMaxGridX ? a.token_indices.rows : kMaxGridX;
-  const bool dense = a.token_indices.col_stride == 1 && a.out.col_stride == 1 &&
-                     a.block_table.col_stride == 1;
-  auto kernel = a.compact ? (dense ? convert_index_kernel<kThreads, true, true>
-                                   : convert_index_kernel<kThreads, true, false>)
-                          : (dense ? convert_index_kernel<kThreads, false, true>
-                                   : convert_index_kernel<kThreads, false, false>);
-  launch_kernel(kernel, static_cast<unsigned>(grid), kThreads, stream,
+//! SM count of a device, queried once per device (no synchronization involved).
+int sm_count(int64_t device) {
+  static std::atomic<int> cache[64] = {};
+  const bool cached = device >= 0 && device < 64;
+  if (cached) {
+    const int known = cache[device].load(std::memory_order_relaxed);
+    if (known > 0) return known;
+  }
+  int count = 0;
+  throw_on_cuda_error(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount,
+                                             static_cast<int>(device)),
+                      "cudaDeviceGetAttribute");
+  if (cached) cache[device].store(count, std::memory_order_relaxed);
+  return count;
+}
+
+std::atomic<int> g_plan_override{-1};
+
+template <int kItems, bool kCompact, bool kDense>
+void launch_split(const ConvertIndexArgs& a, int parts, bool cluster, cudaStream_t stream) {
+  const unsigned grid = static_cast<unsigned>(a.token_indices.rows * parts);
+  if (cluster) {
+    launch_clustered_kernel(convert_split_kernel<kItems, kCompact, kDense, true>, grid,
+                            kSplitThreads, parts, 0, stream, "convert_index kernel launch", a,
+                            parts);
+  } else {
+    launch_kernel(convert_split_kernel<kItems, false, kDense, false>, grid, kSplitThreads,
+                  stream, "convert_index kernel launch", a, parts);
+  }
+}
+
+template <bool kCompact, bool kDense>
+void launch_plan(const ConvertIndexArgs& a, const ConvertPlan& plan, cudaStream_t stream) {
+  if (plan.split_items > 0) {
+    const bool cluster = kCompact || a.valid_counts.present();
+    switch (plan.split_items) {
+      case 1: return launch_split<1, kCompact, kDense>(a, plan.parts, cluster, stream);
+      case 2: return launch_split<2, kCompact, kDense>(a, plan.parts, cluster, stream);
+      case 4: return launch_split<4, kCompact, kDense>(a, plan.parts, cluster, stream);
+      default: return launch_split<8, kCompact, kDense>(a, plan.parts, cluster, stream);
+    }
+  }
+  const unsigned grid = static_cast<unsigned>(
+      a.token_indices.rows < kMaxGridX ? a.token_indices.rows : kMaxGridX);
+  launch_kernel(convert_row_kernel<kRowThreads, kCompact, kDense>, grid, kRowThreads, stream,
                 "convert_index kernel launch", a);
 }
 
 }  // namespace
 
+ConvertPlan convert_plan(int64_t rows, int64_t cols, int64_t sms, bool counts) {
+  ConvertPlan plan;
+  const int forced = g_plan_override.load(std::memory_order_relaxed);
+  // Columns per thread, from the H200 sweep against vLLM (RESULTS.md): the fewer the rows,
+  // the shorter the tiles and the more CTAs a row is spread over.
+  int items = rows * (counts ? 64 : 8) <= sms ? 1 : rows * 2 <= sms ? 2 : rows <= 2 * sms ? 4 : 8;
+  if (forced >= 0) items = forced;
+  // Counted rows pay a cluster exchange per part: past a few rows, at most 4 parts.
+  const int64_t max_parts = counts && rows * 64 > sms ? kMaxParts / 2 : kMaxParts;
+  while (items > 1 && static_cast<int64_t>(kSplitThreads) * items / 2 >= cols) items /= 2;
+  if (items > 0) {
+    while (items < 8 && cols > max_parts * kSplitThreads * items) items *= 2;
+    const int64_t tile = static_cast<int64_t>(kSplitThreads) * items;
+    const int64_t parts = (cols + tile - 1) / tile;
+    // With rows enough to fill the device, a cluster exchange costs more than a CTA
+    // looping over the row's tiles.
+    const bool exchange_pays = parts == 1 || !counts || rows <= 2 * sms || forced > 0;
+    if (parts <= kMaxParts && rows * parts <= kMaxGridX && exchange_pays) {
+      plan.split_items = items;
+      plan.parts = static_cast<int>(parts);
+      return plan;
+    }
+  }
+  plan.row_threads = kRowThreads;
+  return plan;
+}
+
+void set_convert_plan_override(int64_t code) {
+  g_plan_override.store(static_cast<int>(code), std::memory_order_relaxed);
+}
+
+std::array<int64_t, 3> convert_index_plan(int64_t rows, int64_t cols, bool counts,
+                                          int64_t device) {
+  DeviceGuard guard(device);
+  const ConvertPlan plan = convert_plan(rows, cols, sm_count(device), counts);
+  return {plan.split_items, plan.parts, plan.row_threads};
+}
+
 void convert_index_cuda(const ConvertIndexArgs& a, const Place& place) {
   if (a.token_indices.rows == 0 || a.token_indices.cols == 0) return;
   DeviceGuard guard(place.device);
-  // Short rows would leave most of a 256-thread block idle.
-  if (a.token_indices.cols <= 64 * kItems) {
-    launch_with_threads<64>(a, place.cuda_stream());
+  const ConvertPlan plan =
+      convert_plan(a.token_indices.rows, a.token_indices.cols, sm_count(place.device),
+                   a.compact || a.valid_counts.present());
+  const bool dense = a.token_indices.col_stride == 1 && a.out.col_stride == 1 &&
+                     a.block_table.col_stride == 1;
+  const cudaStream_t stream = place.cuda_stream();
+  if (a.compact) {
+    dense ? launch_plan<true, true>(a, plan, stream) : launch_plan<true, false>(a, plan, stream);
   } else {
-    launch_with_threads<256>(a, place.cuda_stream());
+    dense ? launch_plan<false, true>(a, plan, stream)
+          : launch_plan<false, false>(a, plan, stream);
   }
 }
 

@@ -3,6 +3,7 @@
 // The per-element rule (convert_token) is shared by the CPU loop and the CUDA kernel.
 #pragma once
 
+#include <array>
 #include <cstdint>
 
 #include "../common/dcp_math.h"
@@ -87,6 +88,31 @@ DSA_HD int32_t convert_token(const ConvertIndexArgs& a, const ConvertRow& row, i
   }
   return (slot >= 0 && slot <= INT32_MAX) ? static_cast<int32_t>(slot) : -1;
 }
+
+/*!
+ * \brief How the CUDA kernel covers the rows (convert_index.cu): split rows over
+ *        `parts` CTAs of `split_items` columns per thread each, or (split_items == 0)
+ *        one CTA of `row_threads` threads per row.
+ */
+struct ConvertPlan {
+  int split_items = 0, parts = 1;
+  int row_threads = 0;
+};
+
+//! The plan for `rows` x `cols` token ids on a device of `sms` multiprocessors; `counts`:
+//! the rows' valid counts are needed (compaction or valid_counts).
+ConvertPlan convert_plan(int64_t rows, int64_t cols, int64_t sms, bool counts);
+
+/*!
+ * \brief Tests and tuning: code < 0 lets convert_plan choose (the default); 0 forces one
+ *        CTA per row; n in 1..8 split rows of about n columns per thread (at least as many
+ *        as put the row in one cluster, at most as many as the row needs).
+ */
+void set_convert_plan_override(int64_t code);
+
+//! The plan for a shape on CUDA device `device`: (split_items, parts, row_threads).
+std::array<int64_t, 3> convert_index_plan(int64_t rows, int64_t cols, bool counts,
+                                          int64_t device);
 
 void convert_index_cpu(const ConvertIndexArgs& args);
 void convert_index_cuda(const ConvertIndexArgs& args, const Place& place);
