@@ -355,20 +355,21 @@ def _sort_windows(tidx: Int32, bufs, m: int, log_r: int, num_sorters: int, windo
     return x, slots, e_base, e_reg
 
 
+@cute.jit
 def _load_keys(cand: cute.Tensor, row: Int32, tidx: Int32, seg: Int32, chunk: Int32,
-               count: Int32, n: int, nt: int):
+               count: Int32, n: cutlass.Constexpr[int], nt: cutlass.Constexpr[int]):
     """Load: the keys of ``n`` consecutive (segment, block-wide chunk) pairs from pair
     (seg, chunk), the first ``count`` of them real; key j of thread t is
     ``cand[w, row, c0 + t]`` of the j-th pair (w, c0 = chunk * nt), key 0 past the segment
     or past ``count``. Every load is issued (an address inside the row where there is no
-    key), so they all go out back to back. Plain Python: traced once, unrolled."""
+    key), so they all go out back to back."""
     seg_stride, row_stride, col_stride = cand.stride
     seg_len = cand.shape[2]
     row_off = Int64(row) * row_stride
     thread_off = row_off + Int64(tidx) * col_stride
     chunks = (seg_len + (nt - 1)) // nt
     keys = []
-    for j in range(n):
+    for j in cutlass.range_constexpr(n):
         col0 = chunk * nt
         inside = (col0 + tidx < seg_len) & (count > j)
         at = Int64(seg) * seg_stride + Int64(col0) * col_stride + thread_off
@@ -520,6 +521,14 @@ def _block_scan(entries, lane: Int32, warp: Int32, s_counts: cute.Tensor,
 
 
 @cute.jit
+def _classify(key: Int64, prefix: Int64, exact, inexact):
+    """(above the threshold, a copy of it) for one key; see _write_block."""
+    equal = key == prefix
+    above = ((key ^ Int64(SIGN_BIT)) > (prefix ^ Int64(SIGN_BIT))) | (equal & exact)
+    return above & (key != 0), equal & inexact
+
+
+@cute.jit
 def _write_block(keys, prefix: Int64, exact, inexact, need: Int32, above_base: Int32,
                  copies_base: Int32, from_end, above_row: Int32, copies_row: Int32,
                  out: cute.Tensor, row: Int32, lane: Int32, warp: Int32, lanes_below: Int32,
@@ -535,31 +544,26 @@ def _write_block(keys, prefix: Int64, exact, inexact, need: Int32, above_base: I
     warp travel in one int32 (copies in the high half: a block holds < 2^16 keys).
     Returns the block's packed total. (``exact``: the select stopped on a whole bin;
     ``inexact`` is its negation.)"""
-    lowest = prefix ^ Int64(SIGN_BIT)  # signed compare of flipped values = unsigned
-    aboves, copies, ballots_a, ballots_c, entries = [], [], [], [], []
+    entries = []
     for j in cutlass.range_constexpr(n):
-        key = keys[j]
-        equal = key == prefix
-        is_above = (((key ^ Int64(SIGN_BIT)) > lowest) | (equal & exact)) & (key != 0)
-        is_copy = equal & inexact
-        ballot_a = cute.arch.vote_ballot_sync(is_above)
-        ballot_c = cute.arch.vote_ballot_sync(is_copy)
-        aboves.append(is_above)
-        copies.append(is_copy)
-        ballots_a.append(ballot_a)
-        ballots_c.append(ballot_c)
-        entries.append(cute.arch.popc(ballot_a) + (cute.arch.popc(ballot_c) << COPIES_SHIFT))
+        is_above, is_copy = _classify(keys[j], prefix, exact, inexact)
+        entries.append(cute.arch.popc(cute.arch.vote_ballot_sync(is_above))
+                       + (cute.arch.popc(cute.arch.vote_ballot_sync(is_copy)) << COPIES_SHIFT))
     _block_scan(entries, lane, warp, s_counts, s_bases, s_ctl, n, nw)
     total = s_ctl[CTL_SCAN_TOTAL]
     if from_end:
         above_base = above_row - (total & ((1 << COPIES_SHIFT) - 1))
         copies_base = copies_row - (total >> COPIES_SHIFT)
     for j in cutlass.range_constexpr(n):
-        before = (s_bases[j * nw + warp] + cute.arch.popc(ballots_a[j] & lanes_below)
-                  + (cute.arch.popc(ballots_c[j] & lanes_below) << COPIES_SHIFT))
+        # Classified again rather than kept across the scan: fewer live registers.
+        is_above, is_copy = _classify(keys[j], prefix, exact, inexact)
+        ballot_a = cute.arch.vote_ballot_sync(is_above)
+        ballot_c = cute.arch.vote_ballot_sync(is_copy)
+        before = (s_bases[j * nw + warp] + cute.arch.popc(ballot_a & lanes_below)
+                  + (cute.arch.popc(ballot_c & lanes_below) << COPIES_SHIFT))
         above_before = above_base + (before & ((1 << COPIES_SHIFT) - 1))
         copies_before = copies_base + (before >> COPIES_SHIFT)
-        if aboves[j] | (copies[j] & (copies_before < need)):
+        if is_above | (is_copy & (copies_before < need)):
             out[row, above_before + cutlass.min(copies_before, need)] = Int32(~keys[j])
     return total
 
