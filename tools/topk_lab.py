@@ -10,7 +10,8 @@ graph-replay timings of the default order and of sorted=True per variant.
 2. Timing (CUDA-graph replay, per launch, the pattern of ``dsa_ext.bench``; several input
    copies so that replays do not run from a warm L2): the peer's shapes, k = K = 2048 for
    W in {2, 4, 8} and rows in {1, 64, 256, 1024}, and k = K in {512, 1024} at W = 4, 64
-   rows; each row gives the variant run and both orders' times.
+   rows, and each side of the launcher's variant boundaries (pairs / one CTA / two CTAs
+   per SM) at W = 4; each row gives the variant run and both orders' times.
 Exit code 1 on any mismatch.
 """
 from __future__ import annotations
@@ -91,8 +92,12 @@ def correctness(quick: bool) -> list:
 def timing() -> list:
     dev = torch.cuda.current_device()
     g = torch.Generator().manual_seed(2)
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
     cases = [(W, rows, 2048, 2048) for W in (2, 4, 8) for rows in (1, 64, 256, 1024)]
     cases += [(4, 64, 512, 512), (4, 64, 1024, 1024)]
+    # Each side of the launcher's variant boundaries (W = 4): the last rows on CTA pairs
+    # and the first on one CTA, the last on one CTA and the first on 2 CTAs per SM.
+    cases += [(4, rows, 2048, 2048) for rows in (sms // 2, sms // 2 + 1, sms, sms + 1)]
     results = []
     for W, rows, K, k in cases:
         copies = max(2, min(8, (64 << 20) // (W * rows * K * 8)))  # > L2 in all
@@ -106,6 +111,7 @@ def timing() -> list:
                 c, k, out=o, sorted=s) for c, o in zip(inputs, outs)]
             row[f"{name}_us"] = round(graph_us(calls), 2)
         row["sorted_over_default"] = round(row["sorted_us"] / row["default_us"], 2)
+        row["default_ns_per_row"] = round(1000 * row["default_us"] / rows, 1)
         print(row, flush=True)
         results.append(row)
     return results
