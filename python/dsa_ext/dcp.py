@@ -155,7 +155,6 @@ def pack_dcp_topk_candidates(
         topk_indices: int32 ``[rows, K]`` local top-K ids, -1 = none; any strides.
         rank, world_size, interleave: the DCP layout (r, W, I).
         row_starts: optional int32 ``[rows]`` column of each row's local position 0.
-        sorted: write the ids in descending score order instead of gathered order.
         out: optional int64 ``[rows, K]`` output (any strides); with it nothing is
             allocated and the call is CUDA-graph capturable.
 

@@ -56,9 +56,10 @@ def stable_topk_from_candidates(candidates: Tensor, k: int, out: Optional[Tensor
     is identical across runs, batch sizes, ranks and CPU/CUDA. ``sorted=True`` orders the
     ids by descending key instead (score descending, then id ascending).
 
-    The result matches an unsharded top-K exactly when each rank's local top-K breaks
-    ties by lower position first (any other local tie rule still yields a valid top-K,
-    possibly a different one among equal scores).
+    The selected set (and with ``sorted=True`` the order) matches an unsharded top-K
+    exactly when each rank's local top-K breaks ties by lower position first (any other
+    local tie rule still yields a valid top-K, possibly a different one among equal
+    scores).
 
     Args:
         candidates: int64 ``[rows, N]`` (any strides, e.g. ``torch.cat`` of per-rank
@@ -75,7 +76,8 @@ def stable_topk_from_candidates(candidates: Tensor, k: int, out: Optional[Tensor
         int32 ``[rows, k]`` global ids (``out`` when given). No host synchronization.
 
     Raises:
-        TypeError: a dtype other than int64 candidates / int32 ``out``.
+        TypeError: a dtype other than int64 candidates / int32 ``out``, a non-bool
+            ``sorted``.
         ValueError: a wrong rank, shape or device, or ``k`` out of range.
 
     Example::
