@@ -11,9 +11,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from variants import ABI_VERSION  # noqa: E402  (the parameter structs in csrc/dcp/ match it)
 
 FAMILIES = ("stable_topk",)
-ABI_VERSION = 3  # must match export.py and the parameter structs in csrc/dcp/
 
 
 def _bytes_literal(data: bytes) -> str:

@@ -5,56 +5,51 @@ Each candidate is one int64 whose bits are the unsigned key
     key = (ordered(score_bits) << 32) | (~gid & 0xFFFFFFFF),   invalid candidate: key = 0
 
 so "score descending, then gid ascending, invalid last" is "key descending as an unsigned
-64-bit integer". One CTA per row, or a cluster of two (``pair``: each CTA holds half of
-the row's keys, the histograms are added through distributed shared memory and each CTA
-sorts half of the selection); a variant sorts at most ``S = sort_size`` keys (a power of
-two). With ``sel = min(k, N)``:
+64-bit integer". Row r's candidates are ``cand[w, r, c]`` of a 3-D ``[W, rows, K]`` tensor
+with arbitrary strides (a 2-D input is ``W = 1``); position ``p = w * K + c`` orders them.
+The output is a 2-D int32 ``[rows, k]`` tensor with arbitrary strides. With
+``sel = min(k, N)``, one CTA per row, or a cluster of two (``pair``: CTA 0 holds the first
+half of the row's (segment, chunk) pairs, CTA 1 the rest; histograms are added through
+distributed shared memory):
 
-0. Key 0 (an invalid candidate) decodes to -1 like a shortfall slot, so the kernel
-   selects among the nonzero keys only: ``sel_eff = min(sel, number of nonzero keys)``
-   (from the first pass's histogram total); output positions ``>= sel_eff`` are -1.
-1. Radix select, up to 8 passes of 8-bit digits from the top: a shared-memory histogram
-   of the digit of every nonzero key that matches the prefix found so far (histograms
-   used in rotation, so a pass needs two barriers); one warp scans the 256 bins from the
-   top (adding the peer CTA's bins in a pair) and picks the digit holding the
-   ``need``-th largest key. Result:
-   a masked prefix P (mask M) such that the top ``sel_eff`` keys are all keys with
-   ``key & M > P`` plus ``need`` keys with ``key & M == P``. The select stops after the
-   first pass whose candidate set ``C = {key & M >= P}`` (``n_cand = sel_eff - need +
-   bucket`` keys) fits the sort (``n_cand <= S``): every key outside C is smaller than
-   every key in C, so the top ``sel_eff`` keys of C are the answer. If it never stops,
-   all 64 bits were used: the ``need`` keys taken from the bin are equal, so which copies
-   are taken does not matter (``n_cand == sel_eff``).
-2. Gather the ``n_cand`` keys into shared memory (one shared atomic per warp for its
-   slots, so the order is arbitrary, the set exact and the slots need no swizzle; in a
-   pair CTA 0 counts the slots and slot i lives in CTA ``i >> (log2(S) - 1)``), stored
-   with the top bit flipped so that a signed compare is the unsigned order; slots
-   ``n_cand .. S-1`` get the smallest value (key 0).
-3. Bitonic sort of the S slots, descending, in registers: ``S >> log_r`` threads hold
-   ``2^log_r`` keys each; the stages run on registers and the keys pass through shared
-   memory only between windows of stages (``sort_plan.py``), with one barrier each. A
-   pair splits the network (:func:`_pair_sort`): each CTA sorts its half, one
-   compare-exchange crosses the CTAs, each merges its half; a CTA sorts half the keys.
-   Meanwhile the threads that do not sort prefetch into L2 the row ``%nsmid`` times
-   the CTAs per SM rows ahead, the one this CTA's place on the SM likely runs next
-   (single CTAs only: pairs run in one wave).
-4. Write ``out[row, i]`` for ``i < k``: the decoded gid of the i-th key for
-   ``i < sel_eff``, else -1.
+1. Load (:func:`_load_keys`): register variants hold one key per (segment, block-wide
+   chunk) pair in registers for the whole kernel; streamed variants read the row from
+   global memory on every pass. Key 0 (an invalid candidate, or no candidate) decodes to
+   -1 like a shortfall, so only nonzero keys are selected:
+   ``sel_eff = min(sel, nonzero keys)``.
+2. Radix select (:func:`_radix_select`), up to 8 passes of 8-bit digits from the top: a
+   shared histogram of the digit of every nonzero key that matches the prefix found so
+   far (histograms used in rotation, so a pass needs two barriers); one warp scans the
+   256 bins from the top (adding the peer CTA's bins in a pair) and picks the digit
+   holding the ``need``-th largest key. Result: a masked prefix P (mask M) such that the
+   top ``sel_eff`` keys are all keys with ``key & M > P`` plus ``need`` of the ``bucket``
+   keys with ``key & M == P``. The default order runs until the bin is taken whole
+   (``bucket == need``) or all 64 bits are used (then the bin holds copies of one key P,
+   and the copies at the lowest positions are taken); a sorting variant stops once the
+   candidate set ``{key & M >= P}`` fits its sort (``sel_eff - need + bucket <= S``).
+3. Default order (:func:`_write_in_position_order`): one ordered stream compaction of the
+   row. Per key, two ballots (above the threshold; a copy of it) give each warp's counts;
+   one warp scans the counts of the block in position order (register index, then warp)
+   and every selected key goes to ``out[row, keys above before it + min(copies before it,
+   need)]``; streamed variants do this per group of chunks with running totals. In a pair,
+   CTA 1's counts start at the row's totals (known from the select) minus its own, so the
+   CTAs exchange nothing. Positions ``sel_eff .. k-1`` get -1. No shared buffer of keys,
+   no sort, any ``k``.
+4. ``sorted=True`` (:func:`_gather_and_sort`): the candidates are gathered into shared
+   memory (one shared atomic per warp for its slots, so the order is arbitrary, the set
+   exact and the slots need no swizzle; in a pair slot i lives in CTA
+   ``i >> (log2(S) - 1)``), stored with the top bit flipped so that a signed compare is
+   the unsigned order, padded with key 0 to ``S`` slots; a bitonic sort held in
+   registers orders them descending (``sort_plan.py``: ``2^log_r`` keys per thread, the
+   keys pass through shared memory only between windows of stages); a pair sorts a half
+   per CTA and merges across them (:func:`_pair_sort`). The ids of the first ``sel_eff``
+   slots are written, then -1. Meanwhile the threads that do not sort prefetch into L2
+   the row ``%nsmid`` times the CTAs per SM rows ahead (single CTAs only).
 
-Candidates are read as a 3-D tensor ``[W, rows, K]`` with arbitrary strides (row r's
-candidates are ``cand[w, r, :]`` for every w); a 2-D input is ``W = 1``. The output is a
-2-D int32 ``[rows, k]`` tensor with arbitrary strides.
-
-Variants differ in threads per CTA, the CTAs an SM holds at once, the sort size S and
-whether the row is loaded once into registers (``items_per_thread`` keys per thread: one
-per segment and block-wide chunk of it, so ``W * ceil(K / num_threads) <=
-items_per_thread``) or streamed from global memory on every pass.
-
-Launch: grid ``(rows, 1, 1)`` (``(2 * rows, 1, 1)`` in clusters of ``(2, 1, 1)`` for a
-pair), block ``(num_threads, 1, 1)``, the dynamic shared memory from :func:`smem_bytes`.
-The host guarantees ``rows >= 1``, ``1 <= sel`` and ``next_pow2(sel) <= S`` and, for the
-register variants,
-``W * ceil(K / num_threads) <= items_per_thread`` (twice that for a pair).
+The variants and their launch facts (threads, keys per thread, sort size, pair, CTAs per
+SM, shared memory, parameters) are ``variants.py``. The host guarantees ``rows >= 1``,
+``1 <= sel``, ``N < 2^31``, ``next_pow2(sel) <= S`` for a sorting variant and, for the
+register variants, ``W * ceil(K / num_threads) <= keys_per_thread`` (twice that for a pair).
 """
 from __future__ import annotations
 
@@ -65,16 +60,17 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T
 
 import sort_plan
+import variants
+from variants import CTL_WORDS, NUM_BINS, RADIX_BITS, STREAM_GROUP
 
-RADIX_BITS = 8
-NUM_BINS = 1 << RADIX_BITS
 NUM_PASSES = 64 // RADIX_BITS
-CTL_WORDS = 8  # shared words: 0 digit, 1 keys above the bin, 2 bin count, 3 gather slots,
-#               5 keys to select
+# Shared control words: 0 digit, 1 keys above the bin, 2 bin count, 3 gather slots,
+# 5 keys to select, 6 the position-order scan's block total.
+CTL_SCAN_TOTAL = 6
 SIGN_BIT = -(1 << 63)  # int64 with only the top bit set; also the flipped key 0
 SORT_BARRIER = 1  # named barrier of the sorting threads
-SMEM_BUDGET = 200 * 1024  # two sort buffers when they fit, else one (two barriers a window)
 GATHER_GROUP = 8  # register keys gathered per warp atomic (their hits and ballots stay live)
+COPIES_SHIFT = 16  # the scan packs (keys above, copies of the threshold) into one int32
 
 
 def _as_int64(u: int) -> int:
@@ -132,21 +128,6 @@ def _prefetch_row(cand: cute.Tensor, row: Int32, ahead: Int32, t: Int32,
                    + Int64((j - w * lines) * 16) * col_stride)
             addr = Int64(llvm.ptrtoint(T.i64(), (cand.iterator + off).llvm_ptr))
             _asm(None, [addr], "prefetch.global.L2 [$0];", "l")
-
-
-def _sort_buffers(sort_size: int) -> int:
-    return 2 if 2 * sort_size * 8 + NUM_BINS * 8 + CTL_WORDS * 4 <= SMEM_BUDGET else 1
-
-
-def _histograms(pair: bool) -> int:
-    return 3 if pair else 2  # a histogram is reused two passes later (see the passes)
-
-
-def smem_bytes(sort_size: int, pair: bool = False) -> int:
-    """Dynamic shared memory of a variant: sort buffers, histograms, control words (in
-    this order, each 16-byte aligned)."""
-    return (_sort_buffers(sort_size) * sort_size * 8 + _histograms(pair) * NUM_BINS * 4
-            + CTL_WORDS * 4)
 
 
 def _swizzle(e: Int32, m: int) -> Int32:
@@ -374,40 +355,353 @@ def _sort_windows(tidx: Int32, bufs, m: int, log_r: int, num_sorters: int, windo
     return x, slots, e_base, e_reg
 
 
-def make_stable_topk(num_threads: int, sort_size: int, items_per_thread: int = 0,
-                     log_r: int = 3, pair: bool = False, ctas_per_sm: int = 1):
-    """Build the kernel and its host launcher for one variant.
+@cute.jit
+def _load_keys(cand: cute.Tensor, row: Int32, tidx: Int32, seg: Int32, chunk: Int32,
+               count: Int32, n: cutlass.Constexpr[int], nt: cutlass.Constexpr[int]):
+    """Load: the keys of ``n`` consecutive (segment, block-wide chunk) pairs from pair
+    (seg, chunk), the first ``count`` of them real; key j of thread t is
+    ``cand[w, row, c0 + t]`` of the j-th pair (w, c0 = chunk * nt), key 0 past the segment
+    or past ``count``. Every load is issued (an address inside the row where there is no
+    key), so they all go out back to back."""
+    seg_stride, row_stride, col_stride = cand.stride
+    seg_len = cand.shape[2]
+    row_off = Int64(row) * row_stride
+    thread_off = row_off + Int64(tidx) * col_stride
+    chunks = (seg_len + (nt - 1)) // nt
+    keys = []
+    for j in cutlass.range_constexpr(n):
+        col0 = chunk * nt
+        inside = (col0 + tidx < seg_len) & (count > j)
+        at = Int64(seg) * seg_stride + Int64(col0) * col_stride + thread_off
+        loaded = cute.make_tensor(cand.iterator + Int64(cutlass.select_(inside, at, row_off)),
+                                  cute.make_layout(1))[0]
+        keys.append(Int64(cutlass.select_(inside, loaded, Int64(0))))
+        seg, chunk = _wrap_chunk(seg, chunk + 1, chunks, 1)
+    return keys
 
-    num_threads: threads per CTA (multiple of 32, >= NUM_BINS and >= the sorters; the
-        exported variants use 1024, d16 512).
-    sort_size: S, the number of keys the sort orders (a power of two, >= 512): the
-        variant handles rows with ``next_pow2(min(k, N)) <= S``.
-    items_per_thread: 0 streams the row from global memory on every pass (any N); > 0
-        loads it once into registers, ``items_per_thread`` keys per thread (at most
-        that many (segment, block-wide chunk) pairs), and reads only registers afterwards.
-    log_r: the sort holds ``2^log_r`` keys per thread (``S >> log_r`` sorting threads).
-    pair: a cluster of two CTAs per row (register variants only): each holds every other
-        (segment, chunk) pair, they add their histograms through distributed shared
-        memory, and each CTA sorts half of the gathered keys (:func:`_pair_sort`; log_r
-        then counts the keys per thread of a CTA's half). Halves the select, gather and
-        sort work per SM when there are SMs to spare (few rows).
-    ctas_per_sm: CTAs an SM must hold at once (registers capped to fit): with 2, one
-        CTA's sort (a quarter of the warps busy) overlaps the other's select, which pays
-        off when every SM has rows to spare (many rows).
-    """
-    assert num_threads % 32 == 0 and num_threads >= NUM_BINS
-    assert sort_size & (sort_size - 1) == 0 and sort_size >= 512
-    m = sort_size.bit_length() - 1
-    num_sorters = sort_size >> log_r
-    assert num_sorters % 32 == 0 and num_sorters <= num_threads
-    assert not pair or items_per_thread > 0
-    NT = num_threads
-    CTAS_PER_SM = ctas_per_sm
-    ITEMS = items_per_thread
-    PAIR = pair
-    num_hists = _histograms(pair)
+
+@cute.jit
+def _radix_select(cand: cute.Tensor, regs, row: Int32, tidx: Int32, lane: Int32,
+                  rank: Int32, sel: Int32, s_hists, s_ctl: cute.Tensor,
+                  nt: cutlass.Constexpr[int], items: cutlass.Constexpr[int],
+                  pair: cutlass.Constexpr[bool], sort_size: cutlass.Constexpr[int]):
+    """Radix select over the row's nonzero keys (``regs``, or streamed from ``cand`` when
+    empty). Returns ``(prefix, sel_eff, need, bucket, active)``: the top ``sel_eff`` keys
+    are the ``sel_eff - need`` keys whose digits so far exceed ``prefix`` plus ``need`` of
+    the ``bucket`` keys that match it; ``active`` is 1 if all 8 passes ran without the stop
+    (the bin then holds ``bucket`` copies of the key ``prefix``). Stop: the bin is taken
+    whole (``sort_size == 0``, the default order) or the candidates fit the sort."""
+    num_hists = 3 if pair else 2  # variants.histograms
+    prefix = Int64(0)
+    mask = Int64(0)
+    sel_eff = sel  # min(sel, nonzero keys), set by the first pass
+    need = sel
+    bucket = Int32(0)
+    active = Int32(1)
+    for p in cutlass.range_constexpr(NUM_PASSES):
+        shift = 64 - RADIX_BITS * (p + 1)
+        s_hist = s_hists[p % num_hists]
+        if active != 0:
+            # This pass counts into s_hist (zeroed before the last barrier) and zeroes the
+            # next one, whose last readers (this CTA's scan two passes ago; in a pair also
+            # the peer's, which precedes the peer's last cluster barrier) are done.
+            if cutlass.const_expr(p + 1 < NUM_PASSES):
+                s_next = s_hists[(p + 1) % num_hists]
+                if tidx < NUM_BINS:
+                    s_next[tidx] = Int32(0)
+            if cutlass.const_expr(items > 0):
+                for jr in cutlass.range_constexpr(items):
+                    _count_digit(regs[jr], mask, prefix, shift, s_hist)
+            else:
+                for w in cutlass.range(cand.shape[0]):
+                    for c0 in cutlass.range(0, cand.shape[2], nt):
+                        _count_digit(_streamed_key(cand, w, row, c0 + tidx), mask, prefix,
+                                     shift, s_hist)
+            if cutlass.const_expr(pair):  # both halves of the row are counted
+                cute.arch.cluster_arrive()
+                cute.arch.cluster_wait()
+            else:
+                cute.arch.sync_threads()
+            if tidx < 32:
+                # Lane l owns bins 255-8l .. 248-8l (descending): an inclusive scan over
+                # lanes counts the keys in all higher bins.
+                per_lane = NUM_BINS // 32
+                counts = [s_hist[NUM_BINS - 1 - per_lane * lane - j] for j in range(per_lane)]
+                if cutlass.const_expr(pair):  # plus the peer CTA's histogram
+                    counts = [counts[j] + _cluster_load_i32(_cluster_addr(
+                                  s_hist, NUM_BINS - 1 - per_lane * lane - j, rank ^ 1))
+                              for j in range(per_lane)]
+                lane_sum = Int32(0)
+                for j in cutlass.range_constexpr(per_lane):
+                    lane_sum = lane_sum + counts[j]
+                incl = _warp_inclusive_scan(lane_sum, lane)
+                run = incl - lane_sum
+                need_scan = need
+                if cutlass.const_expr(p == 0):
+                    # Only nonzero keys were counted: select min(sel, their count);
+                    # positions past it decode key 0 anyway (-1).
+                    total = cute.arch.shuffle_sync(incl, 31)
+                    need_scan = cutlass.min(need, total)
+                    if lane == 0:
+                        s_ctl[5] = need_scan
+                        if need_scan == 0:  # no nonzero key: an empty selection
+                            s_ctl[0] = Int32(0)
+                            s_ctl[1] = Int32(0)
+                            s_ctl[2] = Int32(0)
+                if run < need_scan:
+                    if need_scan <= incl:
+                        found = Int32(0)
+                        for j in cutlass.range_constexpr(per_lane):
+                            if found == 0:
+                                if run + counts[j] >= need_scan:
+                                    s_ctl[0] = NUM_BINS - 1 - per_lane * lane - j
+                                    s_ctl[1] = run
+                                    s_ctl[2] = counts[j]
+                                    found = Int32(1)
+                            run = run + counts[j]
+            cute.arch.sync_threads()
+            digit_sel = s_ctl[0]
+            above = s_ctl[1]
+            bucket = s_ctl[2]
+            if cutlass.const_expr(p == 0):
+                sel_eff = s_ctl[5]
+                need = sel_eff
+            prefix = prefix | (Int64(digit_sel) << shift)
+            mask = Int64(_as_int64(((1 << (RADIX_BITS * (p + 1))) - 1) << shift))
+            need = need - above
+            if cutlass.const_expr(sort_size == 0):
+                # The default order writes every key with key & mask > prefix and the whole
+                # bin, so it needs the bin taken whole (or all 64 bits: copies of one key).
+                if bucket == need:
+                    active = Int32(0)
+            else:
+                # Every key with key & mask >= prefix (the keys above the bin plus the whole
+                # bin) fits the sort: the top sel_eff of those are the answer. An exact hit
+                # (bucket == need) always fits.
+                if (sel_eff - need) + bucket <= sort_size:
+                    active = Int32(0)
+    return prefix, sel_eff, need, bucket, active
+
+
+@cute.jit
+def _warp_inclusive_scan(value: Int32, lane: Int32) -> Int32:
+    for s in cutlass.range_constexpr(5):
+        off = 1 << s
+        v = cute.arch.shuffle_sync_up(value, offset=off)
+        if lane >= off:
+            value = value + v
+    return value
+
+
+@cute.jit
+def _block_scan(entries, lane: Int32, warp: Int32, s_counts: cute.Tensor,
+                s_bases: cute.Tensor, s_ctl: cute.Tensor, n: cutlass.Constexpr[int],
+                nw: cutlass.Constexpr[int]):
+    """Exclusive scan of one int32 per (register j, warp) in position order (j, then warp):
+    lane 0 of each warp stores its ``entries``; warp 0 scans them, each lane a run of
+    consecutive ones, into ``s_bases`` and the block total into the control words."""
+    if lane == 0:
+        for j in cutlass.range_constexpr(n):
+            s_counts[j * nw + warp] = entries[j]
+    cute.arch.sync_threads()
+    if warp == 0:
+        per_lane = n * nw // 32
+        vals = [s_counts[lane * per_lane + e] for e in range(per_lane)]
+        lane_sum = Int32(0)
+        for e in cutlass.range_constexpr(per_lane):
+            lane_sum = lane_sum + vals[e]
+        incl = _warp_inclusive_scan(lane_sum, lane)
+        run = incl - lane_sum
+        for e in cutlass.range_constexpr(per_lane):
+            s_bases[lane * per_lane + e] = run
+            run = run + vals[e]
+        if lane == 31:
+            s_ctl[CTL_SCAN_TOTAL] = incl
+    cute.arch.sync_threads()
+
+
+@cute.jit
+def _classify(key: Int64, prefix: Int64, exact, inexact):
+    """(above the threshold, a copy of it) for one key; see _write_block."""
+    equal = key == prefix
+    above = ((key ^ Int64(SIGN_BIT)) > (prefix ^ Int64(SIGN_BIT))) | (equal & exact)
+    return above & (key != 0), equal & inexact
+
+
+@cute.jit
+def _write_block(keys, prefix: Int64, exact, inexact, need: Int32, above_base: Int32,
+                 copies_base: Int32, from_end, above_row: Int32, copies_row: Int32,
+                 out: cute.Tensor, row: Int32, lane: Int32, warp: Int32, lanes_below: Int32,
+                 s_counts: cute.Tensor, s_bases: cute.Tensor, s_ctl: cute.Tensor,
+                 n: cutlass.Constexpr[int], nw: cutlass.Constexpr[int]) -> Int32:
+    """Write: the selected keys of one block of (register, thread) positions to ``out`` in
+    position order. A key above the threshold (``key > prefix``, or ``key >= prefix`` when
+    the select stopped on a whole bin) is taken; a copy of the threshold (``key ==
+    prefix`` after all 64 bits) is taken if fewer than ``need`` copies come before it. A
+    taken key goes to ``keys above before it + min(copies before it, need)``; the counts
+    before the block are ``above_base`` and ``copies_base``, or with ``from_end`` (CTA 1 of
+    a pair) the row's ``above_row`` / ``copies_row`` minus this block's. Both counts of a
+    warp travel in one int32 (copies in the high half: a block holds < 2^16 keys).
+    Returns the block's packed total. (``exact``: the select stopped on a whole bin;
+    ``inexact`` is its negation.)"""
+    entries = []
+    for j in cutlass.range_constexpr(n):
+        is_above, is_copy = _classify(keys[j], prefix, exact, inexact)
+        entries.append(cute.arch.popc(cute.arch.vote_ballot_sync(is_above))
+                       + (cute.arch.popc(cute.arch.vote_ballot_sync(is_copy)) << COPIES_SHIFT))
+    _block_scan(entries, lane, warp, s_counts, s_bases, s_ctl, n, nw)
+    total = s_ctl[CTL_SCAN_TOTAL]
+    if from_end:
+        above_base = above_row - (total & ((1 << COPIES_SHIFT) - 1))
+        copies_base = copies_row - (total >> COPIES_SHIFT)
+    for j in cutlass.range_constexpr(n):
+        # Classified again rather than kept across the scan: fewer live registers.
+        is_above, is_copy = _classify(keys[j], prefix, exact, inexact)
+        ballot_a = cute.arch.vote_ballot_sync(is_above)
+        ballot_c = cute.arch.vote_ballot_sync(is_copy)
+        before = (s_bases[j * nw + warp] + cute.arch.popc(ballot_a & lanes_below)
+                  + (cute.arch.popc(ballot_c & lanes_below) << COPIES_SHIFT))
+        above_before = above_base + (before & ((1 << COPIES_SHIFT) - 1))
+        copies_before = copies_base + (before >> COPIES_SHIFT)
+        if is_above | (is_copy & (copies_before < need)):
+            out[row, above_before + cutlass.min(copies_before, need)] = Int32(~keys[j])
+    return total
+
+
+@cute.jit
+def _write_in_position_order(cand: cute.Tensor, out: cute.Tensor, regs, row: Int32,
+                             tidx: Int32, lane: Int32, rank: Int32, prefix: Int64,
+                             sel_eff: Int32, need: Int32, bucket: Int32, active: Int32,
+                             s_counts: cute.Tensor, s_bases: cute.Tensor, s_ctl: cute.Tensor,
+                             nt: cutlass.Constexpr[int], items: cutlass.Constexpr[int],
+                             pair: cutlass.Constexpr[bool]):
+    """Default order: the ids of the top ``sel_eff`` keys in position order, then -1."""
+    nw = nt // 32
+    warp = tidx // 32
+    lanes_below = Int32(cute.arch.lanemask_lt())
+    exact = active == 0
+    above_row = Int32(cutlass.select_(exact, sel_eff, sel_eff - need))
+    copies_row = Int32(cutlass.select_(exact, Int32(0), bucket))
+    if cutlass.const_expr(items > 0):
+        _write_block(regs, prefix, exact, active != 0, need, Int32(0), Int32(0), rank != 0,
+                     above_row, copies_row, out, row, lane, warp, lanes_below, s_counts,
+                     s_bases, s_ctl, items, nw)
+    else:
+        # Streamed: groups of STREAM_GROUP chunks of one segment, with running counts.
+        chunks = (cand.shape[2] + (nt - 1)) // nt
+        above_before = Int32(0)
+        copies_before = Int32(0)
+        for w in cutlass.range(cand.shape[0]):
+            for c0 in cutlass.range(0, chunks, STREAM_GROUP):
+                keys = _load_keys(cand, row, tidx, w, c0, chunks - c0, STREAM_GROUP, nt)
+                total = _write_block(keys, prefix, exact, active != 0, need, above_before, copies_before,
+                                     rank != 0, above_row, copies_row, out, row, lane, warp,
+                                     lanes_below, s_counts, s_bases, s_ctl, STREAM_GROUP, nw)
+                above_before = above_before + (total & ((1 << COPIES_SHIFT) - 1))
+                copies_before = copies_before + (total >> COPIES_SHIFT)
+    step = nt * (2 if pair else 1)
+    for i in cutlass.range(sel_eff + rank * nt + tidx, out.shape[1], step):
+        out[row, i] = Int32(-1)
+
+
+@cute.jit
+def _gather_and_sort(cand: cute.Tensor, out: cute.Tensor, regs, row: Int32, tidx: Int32,
+                     lane: Int32, rank: Int32, prefix: Int64, sel_eff: Int32, need: Int32,
+                     bucket: Int32, active: Int32, bufs, s_ctl: cute.Tensor,
+                     nt: cutlass.Constexpr[int], items: cutlass.Constexpr[int],
+                     sort_size: cutlass.Constexpr[int],
+                     log_r: cutlass.Constexpr[int], pair: cutlass.Constexpr[bool],
+                     ctas_per_sm: cutlass.Constexpr[int]):
+    """sorted=True: gather the candidates, pad the sort, sort, decode and write."""
     S = sort_size
-    num_bufs = _sort_buffers(S)
+    m = S.bit_length() - 1
+    num_sorters = S >> log_r
+    k = out.shape[1]
+    s_keys = bufs[0]
+    lanes_below = Int32(cute.arch.lanemask_lt())
+    # Stopped: gather every key with key & mask >= prefix (n_cand of them). All 64 bits
+    # used (active): the ``need`` keys taken from the bin all equal the prefix, so gather
+    # the keys above it and write ``need`` copies of the prefix.
+    num_above = sel_eff - need
+    n_cand = num_above + bucket
+    if active != 0:
+        n_cand = sel_eff
+    fill_from = cutlass.select_(active != 0, num_above, n_cand)
+    if cutlass.const_expr(pair):  # each CTA fills its half of the slots (see _pair_sort)
+        half_lo = rank * (S // 2)
+        for i in cutlass.range(cutlass.max(fill_from, half_lo) + tidx, half_lo + S // 2, nt):
+            flipped = Int64(cutlass.select_(i < n_cand, prefix ^ Int64(SIGN_BIT),
+                                            Int64(SIGN_BIT)))
+            s_keys[i - half_lo] = Int64(cutlass.select_(rank != 0, ~flipped, flipped))
+    else:
+        for i in cutlass.range(fill_from + tidx, S, nt):
+            s_keys[i] = Int64(cutlass.select_(i < n_cand, prefix ^ Int64(SIGN_BIT),
+                                              Int64(SIGN_BIT)))
+    # The gathered keys are those above `floor` (unsigned): key & mask >= prefix is
+    # key >= prefix (the prefix has no bits outside the mask), and key 0 is never
+    # gathered; with all 64 bits used, key > prefix. With nothing to gather (no nonzero
+    # key, or all the keys taken are copies of the prefix) the sweep is skipped.
+    floor = Int64(cutlass.select_(active != 0, prefix,
+                                  cutlass.select_(prefix == 0, prefix, prefix - 1)))
+    if fill_from != 0:  # the gathered keys take slots 0 .. fill_from - 1
+        if cutlass.const_expr(items > 0):
+            for g0 in cutlass.range_constexpr(0, items, GATHER_GROUP):
+                _gather(regs[g0:g0 + GATHER_GROUP], floor, lane, lanes_below, s_keys, s_ctl,
+                        m, pair)
+        else:
+            for w in cutlass.range(cand.shape[0]):
+                for c0 in cutlass.range(0, cand.shape[2], nt):
+                    _gather([_streamed_key(cand, w, row, c0 + tidx)], floor, lane,
+                            lanes_below, s_keys, s_ctl, m)
+    if cutlass.const_expr(pair):  # CTA 1's keys have landed; it is done
+        cute.arch.cluster_arrive()
+        cute.arch.cluster_wait()
+    else:
+        cute.arch.sync_threads()
+    if cutlass.const_expr(pair):
+        if tidx < num_sorters // 2:
+            halves = [s_keys, cute.make_tensor(s_keys.iterator + S // 2,
+                                               cute.make_layout((S // 2,))), bufs[1]]
+            _pair_sort(tidx, halves, rank, m, log_r, num_sorters // 2, out, row, k, sel_eff)
+        else:  # the two cluster barriers of the sorting threads' exchange
+            cute.arch.cluster_arrive()
+            cute.arch.cluster_wait()
+            cute.arch.cluster_arrive()
+            cute.arch.cluster_wait()
+    elif tidx < num_sorters:
+        _register_sort(tidx, bufs, m, log_r, num_sorters, out, row, k, sel_eff)
+    elif cutlass.const_expr(nt > num_sorters):
+        # Idle during the sort: pull into L2 the row that this CTA's place likely runs
+        # next (CTAs start in row order as places free up), so that with more rows than
+        # places the next CTA's loads hit L2 (H200, W = 8 or streamed rows: -5 to -7% at
+        # 1024 rows; W = 4 register rows: -0.3%).
+        _prefetch_row(cand, row, _num_sms() * ctas_per_sm, tidx - num_sorters,
+                      nt - num_sorters)
+    if rank == 0:
+        for i in cutlass.range(S + tidx, k, nt):  # k > S: slots past the sort
+            out[row, i] = Int32(-1)
+
+
+def make_stable_topk(v: variants.Variant):
+    """Build the kernel and its host launcher for one variant (``variants.Variant``)."""
+    NT = v.threads
+    ITEMS = v.keys_per_thread
+    PAIR = v.pair
+    S = v.sort_size
+    CTAS_PER_SM = v.ctas_per_sm
+    LOG_R = v.log_r
+    assert NT % 32 == 0 and NT >= NUM_BINS
+    assert not PAIR or ITEMS > 0
+    if v.sorted:
+        assert S & (S - 1) == 0 and S >= 512
+        assert (S >> LOG_R) % 32 == 0 and (S >> LOG_R) <= NT
+        num_bufs = variants.sort_buffers(S)
+    else:
+        scan_n = variants.scan_entries(v)
+        assert scan_n % 32 == 0
+        # The scan packs two counts of a block into one int32: < 2^16 keys a block.
+        assert (ITEMS or STREAM_GROUP) * NT < (1 << COPIES_SHIFT)
+    num_hists = variants.histograms(PAIR)
 
     @cute.kernel
     def stable_topk_kernel(cand: cute.Tensor, out: cute.Tensor, sel: Int32):
@@ -423,204 +717,56 @@ def make_stable_topk(num_threads: int, sort_size: int, items_per_thread: int = 0
             row = block // 2
             rank = cute.arch.block_idx_in_cluster()
         lane = tidx % 32
-        num_segments = cand.shape[0]
-        seg_len = cand.shape[2]
-        k = out.shape[1]
 
         smem = cutlass.utils.SmemAllocator()
-        bufs = [smem.allocate_tensor(Int64, cute.make_layout((S,)), byte_alignment=16)
-                for _ in range(num_bufs)]
-        s_keys = bufs[0]
+        if cutlass.const_expr(S > 0):
+            bufs = [smem.allocate_tensor(Int64, cute.make_layout((S,)), byte_alignment=16)
+                    for _ in range(num_bufs)]
+        else:
+            s_counts = smem.allocate_tensor(Int32, cute.make_layout((scan_n,)),
+                                            byte_alignment=16)
+            s_bases = smem.allocate_tensor(Int32, cute.make_layout((scan_n,)),
+                                           byte_alignment=16)
         s_hists = [smem.allocate_tensor(Int32, cute.make_layout((NUM_BINS,)),
                                         byte_alignment=16) for _ in range(num_hists)]
         s_ctl = smem.allocate_tensor(Int32, cute.make_layout((CTL_WORDS,)), byte_alignment=16)
-
         if tidx < CTL_WORDS:
             s_ctl[tidx] = Int32(0)
         if tidx < NUM_BINS:
             s_hists[0][tidx] = Int32(0)
 
-        # Register-resident variants: key j of this thread is cand[w, row, c0 + tidx] for
-        # the j-th (segment w, chunk c0) pair in order (c0 = 0, NT, ... < K); with PAIR,
-        # CTA `rank` takes pairs rank, rank + 2, ... The host guarantees
-        # W * ceil(K / NT) <= ITEMS (2 * ITEMS with PAIR). Slots past the row hold key 0,
-        # which no pass counts. The pair steps with uniform arithmetic: one add per key.
+        # ---- 1. load: register variants, one key per (segment, chunk) pair ---------------
         regs = []
         if cutlass.const_expr(ITEMS > 0):
-            seg_stride, row_stride, col_stride = cand.stride
-            row_off = Int64(row) * row_stride
-            thread_off = row_off + Int64(tidx) * col_stride
-            chunks = (seg_len + (NT - 1)) // NT  # per segment
-            pair_step = 2 if PAIR else 1
-            seg_i, chunk_i = _wrap_chunk(Int32(0), rank, chunks, 2 if PAIR else 0)
-            for j in cutlass.range_constexpr(ITEMS):
-                col0 = chunk_i * NT
-                inside = (col0 + tidx < seg_len) & (seg_i < num_segments)
-                at = Int64(seg_i) * seg_stride + Int64(col0) * col_stride + thread_off
-                loaded = cute.make_tensor(
-                    cand.iterator + Int64(cutlass.select_(inside, at, row_off)),
-                    cute.make_layout(1))[0]
-                regs.append(Int64(cutlass.select_(inside, loaded, Int64(0))))
-                seg_i, chunk_i = _wrap_chunk(seg_i, chunk_i + pair_step, chunks, pair_step)
-
-        # ---- 1. radix select --------------------------------------------------------
+            chunks = (cand.shape[2] + (NT - 1)) // NT
+            pairs = cand.shape[0] * chunks
+            first = Int32(0)
+            count = pairs
+            if cutlass.const_expr(PAIR):  # CTA 0 the first half, CTA 1 the rest
+                half = (pairs + 1) // 2
+                first = rank * half
+                count = Int32(cutlass.select_(rank == 0, half, pairs - half))
+            seg = first // chunks
+            regs = _load_keys(cand, row, tidx, seg, first - seg * chunks, count, ITEMS, NT)
         cute.arch.sync_threads()  # control words and the first histogram are zero
-        lanes_below = Int32(cute.arch.lanemask_lt())
-        prefix = Int64(0)
-        mask = Int64(0)
-        sel_eff = sel  # min(sel, nonzero keys), set by the first pass
-        need = sel
-        take = sel  # keys taken from the chosen bin (set when the select stops)
-        active = Int32(1)
-        for p in cutlass.range_constexpr(NUM_PASSES):
-            shift = 64 - RADIX_BITS * (p + 1)
-            s_hist = s_hists[p % num_hists]
-            if active != 0:
-                # This pass counts into s_hist (zeroed before the last barrier) and zeroes
-                # the next one, whose last readers (this CTA's scan two passes ago; with
-                # PAIR also the peer's, which precedes the peer's last cluster barrier)
-                # are done.
-                if cutlass.const_expr(p + 1 < NUM_PASSES):
-                    if tidx < NUM_BINS:
-                        s_hists[(p + 1) % num_hists][tidx] = Int32(0)
-                if cutlass.const_expr(ITEMS > 0):
-                    for jr in cutlass.range_constexpr(ITEMS):
-                        _count_digit(regs[jr], mask, prefix, shift, s_hist)
-                else:
-                    for w in cutlass.range(num_segments):
-                        for c0 in cutlass.range(0, seg_len, NT):
-                            _count_digit(_streamed_key(cand, w, row, c0 + tidx), mask, prefix,
-                                         shift, s_hist)
-                if cutlass.const_expr(PAIR):  # both halves of the row are counted
-                    cute.arch.cluster_arrive()
-                    cute.arch.cluster_wait()
-                else:
-                    cute.arch.sync_threads()
-                if tidx < 32:
-                    # Lane l owns bins 255-8l .. 248-8l (descending): an inclusive scan
-                    # over lanes counts the keys in all higher bins.
-                    per_lane = NUM_BINS // 32
-                    counts = [s_hist[NUM_BINS - 1 - per_lane * lane - j]
-                              for j in range(per_lane)]
-                    if cutlass.const_expr(PAIR):  # plus the peer CTA's histogram
-                        counts = [counts[j] + _cluster_load_i32(_cluster_addr(
-                                      s_hist, NUM_BINS - 1 - per_lane * lane - j, rank ^ 1))
-                                  for j in range(per_lane)]
-                    lane_sum = Int32(0)
-                    for j in cutlass.range_constexpr(per_lane):
-                        lane_sum = lane_sum + counts[j]
-                    incl = lane_sum
-                    for s in cutlass.range_constexpr(5):
-                        off = 1 << s
-                        v = cute.arch.shuffle_sync_up(incl, offset=off)
-                        if lane >= off:
-                            incl = incl + v
-                    run = incl - lane_sum
-                    need_scan = need
-                    if cutlass.const_expr(p == 0):
-                        # Only nonzero keys were counted: select min(sel, their count);
-                        # positions past it decode key 0 anyway (-1).
-                        total = cute.arch.shuffle_sync(incl, 31)
-                        need_scan = cutlass.min(need, total)
-                        if lane == 0:
-                            s_ctl[5] = need_scan
-                            if need_scan == 0:  # no nonzero key: an empty selection
-                                s_ctl[0] = Int32(0)
-                                s_ctl[1] = Int32(0)
-                                s_ctl[2] = Int32(0)
-                    if run < need_scan:
-                        if need_scan <= incl:
-                            found = Int32(0)
-                            for j in cutlass.range_constexpr(per_lane):
-                                if found == 0:
-                                    if run + counts[j] >= need_scan:
-                                        s_ctl[0] = NUM_BINS - 1 - per_lane * lane - j
-                                        s_ctl[1] = run
-                                        s_ctl[2] = counts[j]
-                                        found = Int32(1)
-                                run = run + counts[j]
-                cute.arch.sync_threads()
-                digit_sel = s_ctl[0]
-                above = s_ctl[1]
-                bucket = s_ctl[2]
-                if cutlass.const_expr(p == 0):
-                    sel_eff = s_ctl[5]
-                    need = sel_eff
-                prefix = prefix | (Int64(digit_sel) << shift)
-                mask = Int64(_as_int64(((1 << (RADIX_BITS * (p + 1))) - 1) << shift))
-                need = need - above
-                # Stop once every key with key & mask >= prefix (the ``num_above`` keys
-                # above the bin plus the whole bin) fits the sort: the top ``sel`` of
-                # those are the answer. An exact hit (bucket == need) always fits.
-                if (sel_eff - need) + bucket <= S:
-                    take = bucket
-                    active = Int32(0)
-        # ---- 2. gather the selected keys, pad the rest of the sort ---------------------
-        # Stopped: gather every key with key & mask >= prefix (n_cand of them). All 64
-        # bits used (active): the ``need`` keys taken from the bin all equal the prefix,
-        # so gather the keys above it and write ``need`` copies of the prefix.
-        num_above = sel_eff - need
-        n_cand = num_above + take
-        if active != 0:
-            n_cand = sel_eff
-        fill_from = cutlass.select_(active != 0, num_above, n_cand)
-        if cutlass.const_expr(PAIR):  # each CTA fills its half of the slots (see _pair_sort)
-            half_lo = rank * (S // 2)
-            for i in cutlass.range(cutlass.max(fill_from, half_lo) + tidx, half_lo + S // 2, NT):
-                flipped = Int64(cutlass.select_(i < n_cand, prefix ^ Int64(SIGN_BIT),
-                                                Int64(SIGN_BIT)))
-                s_keys[i - half_lo] = Int64(
-                    cutlass.select_(rank != 0, ~flipped, flipped))
-        else:
-            for i in cutlass.range(fill_from + tidx, S, NT):
-                s_keys[i] = Int64(cutlass.select_(i < n_cand, prefix ^ Int64(SIGN_BIT),
-                                                  Int64(SIGN_BIT)))
-        # The gathered keys are those above `floor` (unsigned): key & mask >= prefix is
-        # key >= prefix (the prefix has no bits outside the mask), and key 0 is never
-        # gathered; with all 64 bits used, key > prefix. With nothing to gather (no
-        # nonzero key, or all the keys taken are copies of the prefix) the sweep is skipped.
-        floor = Int64(cutlass.select_(active != 0, prefix,
-                                      cutlass.select_(prefix == 0, prefix, prefix - 1)))
-        if fill_from != 0:  # the gathered keys take slots 0 .. fill_from - 1
-            if cutlass.const_expr(ITEMS > 0):
-                for g0 in cutlass.range_constexpr(0, ITEMS, GATHER_GROUP):
-                    _gather(regs[g0:g0 + GATHER_GROUP], floor, lane, lanes_below, s_keys,
-                            s_ctl, m, PAIR)
-            else:
-                for w in cutlass.range(num_segments):
-                    for c0 in cutlass.range(0, seg_len, NT):
-                        _gather([_streamed_key(cand, w, row, c0 + tidx)], floor, lane,
-                                lanes_below, s_keys, s_ctl, m)
-        if cutlass.const_expr(PAIR):  # CTA 1's keys have landed; it is done
-            cute.arch.cluster_arrive()
-            cute.arch.cluster_wait()
-        else:
-            cute.arch.sync_threads()
 
-        # ---- 3 + 4. register bitonic sort, decode and write ------------------------------
-        if cutlass.const_expr(PAIR):
-            if tidx < num_sorters // 2:
-                halves = [s_keys, cute.make_tensor(s_keys.iterator + S // 2,
-                                                   cute.make_layout((S // 2,))), bufs[1]]
-                _pair_sort(tidx, halves, rank, m, log_r, num_sorters // 2, out, row, k,
-                           sel_eff)
-            else:  # the two cluster barriers of the sorting threads' exchange
+        # ---- 2. radix select ------------------------------------------------------------
+        prefix, sel_eff, need, bucket, active = _radix_select(
+            cand, regs, row, tidx, lane, rank, sel, s_hists, s_ctl, NT, ITEMS, PAIR, S)
+
+        # ---- 3. write in position order, or 4. gather and sort ----------------------------
+        if cutlass.const_expr(S > 0):
+            _gather_and_sort(cand, out, regs, row, tidx, lane, rank, prefix, sel_eff, need,
+                             bucket, active, bufs, s_ctl, NT, ITEMS, S, LOG_R, PAIR,
+                             CTAS_PER_SM)
+        else:
+            if cutlass.const_expr(PAIR):  # done reading the peer's histograms ...
                 cute.arch.cluster_arrive()
+            _write_in_position_order(cand, out, regs, row, tidx, lane, rank, prefix, sel_eff,
+                                     need, bucket, active, s_counts, s_bases, s_ctl, NT, ITEMS,
+                                     PAIR)
+            if cutlass.const_expr(PAIR):  # ... and the peer too: shared memory may go
                 cute.arch.cluster_wait()
-                cute.arch.cluster_arrive()
-                cute.arch.cluster_wait()
-        elif tidx < num_sorters:
-            _register_sort(tidx, bufs, m, log_r, num_sorters, out, row, k, sel_eff)
-        elif cutlass.const_expr(NT > num_sorters):
-            # Idle during the sort: pull into L2 the row that this CTA's place likely runs
-            # next (CTAs start in row order as places free up), so that with more rows
-            # than places the next CTA's loads hit L2 (H200, W = 8 or streamed rows: -5
-            # to -7% at 1024 rows; W = 4 register rows: -0.3%).
-            _prefetch_row(cand, row, _num_sms() * CTAS_PER_SM, tidx - num_sorters,
-                          NT - num_sorters)
-        if rank == 0:
-            for i in cutlass.range(S + tidx, k, NT):  # k > S: slots past the sort
-                out[row, i] = Int32(-1)
 
     @cute.jit
     def stable_topk(cand: cute.Tensor, out: cute.Tensor, sel: Int32, stream):

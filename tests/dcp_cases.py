@@ -162,8 +162,24 @@ def assert_same(got: torch.Tensor, want: torch.Tensor, what: str, **ctx) -> None
         raise AssertionError(f"{what}: mismatch at {where} {ctx}\ngot  {got}\nwant {want}")
 
 
+def merged_want(case: dict, sorted: bool = False) -> torch.Tensor:
+    """[rows, k] ids merge_topk_global must write for `case`: with `sorted`, the unsharded
+    top-K; by default the reference merge (the same set, in gathered order)."""
+    if sorted:
+        return case["want"]
+    ranks = case["ranks"]
+    starts = None if ranks[0]["row_starts"] is None else [r["row_starts"].cpu() for r in ranks]
+    got = reference.merge_topk_global([r["logits"].cpu() for r in ranks],
+                                      [r["topk"].cpu() for r in ranks], case["k"],
+                                      case["interleave"], starts)[:, :case["k"]]
+    assert_same(got.sort(dim=1).values, case["want"].sort(dim=1).values,
+                "the reference merge's set")
+    return got
+
+
 def dcp_merge_worker(rank: int, world: int, port: int, seed: int, n_cases: int) -> None:
-    """Every case: merged top-K == unsharded top-K; merged attention == unsharded one."""
+    """Every case: merged top-K == the reference merge (its set: the unsharded top-K; with
+    sorted=True the unsharded top-K itself); merged attention == unsharded one."""
     import torch.distributed as dist
 
     import dsa_ext
@@ -185,11 +201,12 @@ def dcp_merge_worker(rank: int, world: int, port: int, seed: int, n_cases: int) 
                                   row_starts=i % 2 == 1)
             mine = case["ranks"][rank]
             topk = mine["topk"].clone()
+            order = i % 3 == 2  # sorted=True in every third case
             dsa_ext.merge_topk_global(mine["logits"], topk, k, rank=rank, world_size=world,
                                       interleave=interleave, group=group,
-                                      row_starts=mine["row_starts"])
-            ctx = dict(rank=rank, case=i, interleave=interleave, k=k)
-            assert_same(topk[:, :k], case["want"], "merged top-k", **ctx)
+                                      row_starts=mine["row_starts"], sorted=order)
+            ctx = dict(rank=rank, case=i, interleave=interleave, k=k, sorted=order)
+            assert_same(topk[:, :k], merged_want(case, order), "merged top-k", **ctx)
             assert (topk[:, k:] == -1).all(), f"columns >= k must be -1 {ctx}"
 
             q, keys, values = make_attention_inputs(seed * 1000 + i, 5, case["scores"].shape[1],

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 import dsa_ext
 from dsa_ext import dcp, reference
 from conftest import assert_equal, capture_graph as _capture, requires_cuda
-from dcp_cases import fake_all_gather, make_topk_case
+from dcp_cases import fake_all_gather, make_topk_case, merged_want
 
 I32, I64, F32 = torch.int32, torch.int64, torch.float32
 NAN, INF = float("nan"), float("inf")
@@ -49,7 +49,7 @@ def test_total_order_of_special_scores(device):
     scores = torch.tensor([[-INF, -1.0, -0.0, 0.0, 1.0, INF, NAN, 3.0]])
     ids = torch.tensor([[0, 1, 2, 3, 4, 5, 6, -1]], dtype=I32)
     keys = run_both(device, scores, ids, 0, 1)
-    order = reference.stable_topk_from_candidates(keys, 8)
+    order = reference.stable_topk_from_candidates(keys, 8, sorted=True)
     assert order.tolist() == [[6, 5, 4, 3, 2, 1, 0, -1]]
 
 
@@ -58,7 +58,10 @@ def test_ties_break_by_lower_global_id_across_ranks(device):
     logits = torch.zeros(1, 4)
     ids = torch.tensor([[3, 2, 1, 0]], dtype=I32)
     packed = torch.cat([run_both(device, logits, ids, r, 2) for r in range(2)], dim=1)
-    assert reference.stable_topk_from_candidates(packed, 5).tolist() == [[0, 1, 2, 3, 4]]
+    assert reference.stable_topk_from_candidates(packed, 5, sorted=True).tolist() == [
+        [0, 1, 2, 3, 4]]
+    # the top 4 in gathered order: rank 0's (ids 2, 0), then rank 1's (ids 3, 1)
+    assert reference.stable_topk_from_candidates(packed, 4).tolist() == [[2, 0, 3, 1]]
 
 
 def test_spec_fields(device):
@@ -183,11 +186,14 @@ def test_pack_cat_select_equals_global_topk(device, world, interleave):
         packed = [dsa_ext.pack_dcp_topk_candidates(r["logits"], r["topk"], rank, world,
                                                    interleave, r["row_starts"])
                   for rank, r in enumerate(case["ranks"])]
-        got = reference.stable_topk_from_candidates(torch.cat(packed, dim=1).cpu(), case["k"])
-        assert_equal(got, case["want"], seed=seed)
-        # the all-gathered layout [W, rows, K] selects the same
-        got3 = reference.stable_topk_from_candidates(torch.stack(packed).cpu(), case["k"])
-        assert_equal(got3, case["want"], seed=seed)
+        for order in (True, False):
+            got = reference.stable_topk_from_candidates(torch.cat(packed, dim=1).cpu(),
+                                                        case["k"], sorted=order)
+            assert_equal(got, merged_want(case, order), seed=seed, sorted=order)
+            # the all-gathered layout [W, rows, K] selects the same, in the same order
+            got3 = reference.stable_topk_from_candidates(torch.stack(packed).cpu(), case["k"],
+                                                         sorted=order)
+            assert_equal(got3, got, seed=seed, sorted=order)
 
 
 @pytest.mark.parametrize("world, interleave", [(4, 1), (2, 16), (4, 2)])
@@ -199,14 +205,16 @@ def test_merge_topk_global_fake_exchange(device, world, interleave):
                                                    interleave, r["row_starts"])
                   for rank, r in enumerate(case["ranks"])]
         for rank, r in enumerate(case["ranks"]):
-            topk = r["topk"].clone()
-            res = dsa_ext.merge_topk_global(r["logits"], topk, case["k"], rank=rank,
-                                            world_size=world, interleave=interleave,
-                                            all_gather=fake_all_gather(packed, rank),
-                                            row_starts=r["row_starts"])
-            assert res is topk
-            assert_equal(topk[:, :case["k"]], case["want"], rank=rank, seed=seed)
-            assert (topk[:, case["k"]:] == -1).all()
+            for order in (False, True):
+                topk = r["topk"].clone()
+                res = dsa_ext.merge_topk_global(r["logits"], topk, case["k"], rank=rank,
+                                                world_size=world, interleave=interleave,
+                                                all_gather=fake_all_gather(packed, rank),
+                                                row_starts=r["row_starts"], sorted=order)
+                assert res is topk
+                assert_equal(topk[:, :case["k"]], merged_want(case, order), rank=rank,
+                             seed=seed, sorted=order)
+                assert (topk[:, case["k"]:] == -1).all()
 
 
 def test_merge_topk_global_world_one_is_noop(device):
@@ -375,4 +383,4 @@ def test_merge_topk_global_fake_exchange_graph_capture():
     graph = _capture(step)
     topk.fill_(-7)
     graph.replay()
-    assert_equal(topk, case["want"])
+    assert_equal(topk, merged_want(case))

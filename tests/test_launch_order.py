@@ -42,7 +42,7 @@ def _chain(logits, ids, keys):
 def test_chained_pack_and_topk_see_each_others_writes(mode, rows_per_sm, variant):
     rows = max(1, rows_per_sm * cuda_sms())
     dev = torch.cuda.current_device()
-    assert dsa_ext._C.stable_topk_variant(1, rows, K, K, dev).startswith(variant)
+    assert dsa_ext._C.stable_topk_variant(1, rows, K, K, False, dev).startswith(variant)
     logits, ids = _inputs(rows, "cpu")
     want = ids.clone()
     _chain(logits, want, torch.empty(rows, K, dtype=torch.int64))

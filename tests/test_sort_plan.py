@@ -9,15 +9,15 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cute_dsl_aot"))
-import export  # noqa: E402
 import sort_plan  # noqa: E402
+import variants  # noqa: E402
 
-# (log2 of the keys one CTA sorts, log2 of the keys per thread) of the exported variants:
-# a pair's CTA sorts half of S with the full network, then merges it (merge_stages)
-_SINGLE = sorted({(size.bit_length() - 1, log_r)
-                  for _, _, size, _, log_r, pair, _ in export.VARIANTS if not pair})
-_HALVES = sorted({(size.bit_length() - 2, log_r)
-                  for _, _, size, _, log_r, pair, _ in export.VARIANTS if pair})
+# (log2 of the keys one CTA sorts, log2 of the keys per thread) of the exported sorting
+# variants: a pair's CTA sorts half of S with the full network, then merges it
+_SINGLE = sorted({(v.sort_size.bit_length() - 1, v.log_r)
+                  for v in variants.VARIANTS if v.sorted and not v.pair})
+_HALVES = sorted({(v.sort_size.bit_length() - 2, v.log_r)
+                  for v in variants.VARIANTS if v.sorted and v.pair})
 VARIANT_PLANS = _SINGLE + _HALVES
 
 

@@ -79,8 +79,11 @@ def check_equal(got: torch.Tensor, want: torch.Tensor, **ctx) -> None:
 
 
 def check(cands: torch.Tensor, k: int, device: str) -> None:
-    check_equal(run(cands, k, device), reference.stable_topk_from_candidates(cands, k),
-                shape=tuple(cands.shape), k=k, strides=cands.stride())
+    """Both orders (the default position order and sorted=True) against the reference."""
+    for order in (False, True):
+        check_equal(run(cands, k, device, sorted=order),
+                    reference.stable_topk_from_candidates(cands, k, sorted=order),
+                    shape=tuple(cands.shape), k=k, strides=cands.stride(), sorted=order)
 
 
 # ---------------------------------------------------------------------------------------
@@ -94,7 +97,7 @@ def test_encoding_orders_scores_then_ids():
     gids = torch.tensor([9, 8, 3, 4, 7, 6, 5, 2, -1], dtype=torch.int32)
     keys = reference.encode_candidate_keys(scores, gids)
     assert keys[-1] == 0
-    assert reference.stable_topk_from_candidates(keys[None], 10).tolist() == [
+    assert reference.stable_topk_from_candidates(keys[None], 10, sorted=True).tolist() == [
         [9, 8, 3, 4, 7, 6, 5, 2, -1, -1]]
     assert reference.decode_candidate_gids(keys).tolist() == gids.tolist()
 
@@ -105,6 +108,47 @@ def test_encoding_extreme_ids():
     assert (keys != 0).all()
     assert reference.decode_candidate_gids(keys).tolist() == gids.tolist()
     assert reference.stable_topk_from_candidates(keys[None], 4).tolist() == [gids.tolist()]
+    assert reference.stable_topk_from_candidates(keys[None], 4, sorted=True).tolist() == [
+        gids.tolist()]
+
+
+# Fixed row: positions 0..7 hold keys A, B, C, B, D, E, invalid, C (B and C passed twice):
+# descending B, B, C, C, D, A, E.
+FIXED_SCORES = [1.0, 3.0, 2.0, 3.0, 2.0, -float("inf"), 5.0, 2.0]
+FIXED_GIDS = [10, 11, 12, 11, 13, 14, -1, 12]
+FIXED_ORDERS = [  # (k, default order, sorted=True)
+    (1, [11], [11]),
+    (2, [11, 11], [11, 11]),
+    (3, [11, 12, 11], [11, 11, 12]),  # C's copy at position 2, not 7
+    (4, [11, 12, 11, 12], [11, 11, 12, 12]),
+    (5, [11, 12, 11, 13, 12], [11, 11, 12, 12, 13]),
+    (6, [10, 11, 12, 11, 13, 12], [11, 11, 12, 12, 13, 10]),
+    (9, [10, 11, 12, 11, 13, 14, 12, -1, -1], [11, 11, 12, 12, 13, 10, 14, -1, -1]),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("k,in_row_order,descending", FIXED_ORDERS)
+def test_fixed_row_both_orders(device, k, in_row_order, descending):
+    keys = reference.encode_candidate_keys(torch.tensor([FIXED_SCORES]),
+                                           torch.tensor([FIXED_GIDS], dtype=torch.int32))
+    assert reference.stable_topk_from_candidates(keys, k).tolist() == [in_row_order]
+    assert reference.stable_topk_from_candidates(keys, k, sorted=True).tolist() == [descending]
+    assert run(keys, k, device).tolist() == [in_row_order]
+    assert run(keys, k, device, sorted=True).tolist() == [descending]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_default_order_is_gathered_position(device):
+    """[W, rows, K]: position w * K + c, rank-major; the 2-D concatenation agrees."""
+    scores = torch.tensor([[[0.5, 9.0, 1.0]], [[7.0, 0.1, 2.0]]])  # [W=2, rows=1, K=3]
+    gids = torch.tensor([[[5, 1, 8]], [[0, 4, 3]]], dtype=torch.int32)
+    keys = reference.encode_candidate_keys(scores, gids)
+    want = [[1, 8, 0, 3]]  # the top 4 (9, 7, 2, 1) as they sit: rank 0's, then rank 1's
+    assert reference.stable_topk_from_candidates(keys, 4).tolist() == want
+    assert run(keys, 4, device).tolist() == want
+    assert run(torch.cat([keys[0], keys[1]], dim=1), 4, device).tolist() == want
+    assert run(keys, 4, device, sorted=True).tolist() == [[1, 0, 3, 8]]
 
 
 # ---------------------------------------------------------------------------------------
@@ -161,25 +205,28 @@ def rows_for_two_ctas_per_sm(device: str) -> int:
     return cuda_sms() + 1 if device == "cuda" else 133
 
 
-def check_variant(device: str, shape, k: int, prefix: str) -> None:
+def check_variant(device: str, shape, k: int, prefix: str, sorted: bool) -> None:
     """On CUDA, the launcher's choice for this shape starts with `prefix`."""
     if device == "cuda":
         W, rows, K = shape
-        chosen = dsa_ext._C.stable_topk_variant(W, rows, K, k, torch.cuda.current_device())
-        assert chosen.startswith(prefix), (chosen, shape, k)
+        chosen = dsa_ext._C.stable_topk_variant(W, rows, K, k, sorted,
+                                                torch.cuda.current_device())
+        assert chosen.startswith(prefix), (chosen, shape, k, sorted)
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kind", ["ties", "random", "shortfall"])
-@pytest.mark.parametrize("n,k,variant", [(8192, 2048, "d16_s2048"), (8192, 1000, "d16_s1024"),
-                                         (8192, 512, "d16_s512"), (4096, 2048, "d16_s2048"),
-                                         (600, 300, "d16_s512"), (8193, 2048, "r16_s2048"),
-                                         (8192, 2049, "r8_s4096")])
-def test_variant_boundaries_two_ctas_per_sm(device, kind, n, k, variant):
+@pytest.mark.parametrize("n,k,variant,unsorted", [
+    (8192, 2048, "d16_s2048", "d16_u"), (8192, 1000, "d16_s1024", "d16_u"),
+    (8192, 512, "d16_s512", "d16_u"), (4096, 2048, "d16_s2048", "d16_u"),
+    (600, 300, "d16_s512", "d16_u"), (8193, 2048, "r16_s2048", "r16_u"),
+    (8192, 2049, "r8_s4096", "d16_u"), (8192, 8192, "g_s8192", "d16_u")])
+def test_variant_boundaries_two_ctas_per_sm(device, kind, n, k, variant, unsorted):
     """The 512-thread variants hold 16 keys per thread (N <= 8192) and sort up to 2048
-    keys: N = 8193 and k = 2049 fall back to the 1024-thread ones."""
+    keys: N = 8193 and (sorted) k = 2049 fall back to the 1024-thread ones."""
     rows = rows_for_two_ctas_per_sm(device)
-    check_variant(device, (1, rows, n), k, variant)
+    check_variant(device, (1, rows, n), k, variant, True)
+    check_variant(device, (1, rows, n), k, unsorted, False)
     check(make_keys(kind, rows, n, seed=8), k, device)
 
 
@@ -192,7 +239,8 @@ def test_two_ctas_per_sm_segments(device, W, K, k):
     rows = rows_for_two_ctas_per_sm(device)
     cands = torch.stack([make_keys("random", rows, K, seed=90 + w) for w in range(W)])
     cands[:, 5, :] = cands[0, 5, 0]
-    check_variant(device, (W, rows, K), k, "d16")
+    check_variant(device, (W, rows, K), k, "d16_s", True)
+    check_variant(device, (W, rows, K), k, "d16_u", False)
     check(cands, k, device)
 
 
@@ -204,7 +252,13 @@ def test_variant_choice_by_rows():
     dev, sms = torch.cuda.current_device(), cuda_sms()
     for rows, want in ((1, "p4_s2048"), (sms // 2, "p4_s2048"), (sms // 2 + 1, "r8_s2048"),
                        (sms, "r8_s2048"), (sms + 1, "d16_s2048"), (4 * sms, "d16_s2048")):
-        assert dsa_ext._C.stable_topk_variant(4, rows, 2048, 2048, dev) == want, rows
+        assert dsa_ext._C.stable_topk_variant(4, rows, 2048, 2048, True, dev) == want, rows
+        unsorted = want.replace("_s2048", "_u")
+        assert dsa_ext._C.stable_topk_variant(4, rows, 2048, 2048, False, dev) == unsorted
+    # The default order has no sort-size limit: W = 8 pairs hold 16 chunks, streamed past.
+    for W, K, k, want in ((8, 2048, 16384, "p8_u"), (16, 2048, 5000, "g_u"),
+                          (1, 40000, 20000, "g_u")):
+        assert dsa_ext._C.stable_topk_variant(W, 1, K, k, False, dev) == want, (W, K, k)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -215,6 +269,49 @@ def test_duplicate_keys(device):
     keys = torch.cat([keys, keys, keys[:, :5]], dim=1)
     for k in (1, 3, 100, 200):
         check(keys, k, device)
+
+
+def make_threshold_copies(rows: int, n: int, k: int, seed: int) -> torch.Tensor:
+    """Rows in which the k-th largest key has many copies at scattered positions, so that
+    only some of them are taken (the default order takes the lowest positions): copies
+    from a few to most of the row, some rows with invalid keys, one row of copies only."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for r in range(rows):
+        row = make_keys(("random", "ties", "shortfall")[r % 3], 1, n, seed=seed + r)[0]
+        copies = max(2, int(n * (0.05, 0.3, 0.7)[r % 3]))
+        at = torch.randperm(n, generator=g)[:copies]
+        order = torch.sort(row ^ torch.iinfo(torch.int64).min, descending=True).indices
+        pick = order[min(n - 1, max(0, k - 1 - copies // 2))]  # the copies straddle k
+        row[at] = int(row[pick]) if row[pick] != 0 else int(row[order[0]])
+        out.append(row)
+    out[-1] = torch.full((n,), int(out[0][out[0] != 0][0]), dtype=torch.int64)
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("n,k", [(600, 100), (8192, 2048), (8192, 7000), (20000, 4096),
+                                 (20000, 17000)])
+@pytest.mark.parametrize("rows", [3, 100, 150])
+def test_copies_at_the_threshold(device, n, k, rows):
+    """Copies of one key straddle the k-th place: all 64 bits get selected and exactly the
+    copies at the lowest positions are taken, in CTA pairs (3 rows), one CTA (100) and 2
+    CTAs per SM (150 rows on the H200), with keys in registers and streamed (N = 20000)."""
+    check(make_threshold_copies(rows, n, k, seed=n + k + rows), k, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape,k", [((1, 3, 40000), 20000), ((4, 2, 6000), 16385),
+                                     ((8, 2, 2048), 16384), ((2, 130, 5000), 9000),
+                                     ((1, 2, 70000), 70001)])
+def test_default_order_any_k(device, shape, k):
+    """The default order takes any k (no sort-size limit on CUDA): k past 16384, k = N,
+    k > N, in pairs, one CTA and streamed rows."""
+    W, rows, K = shape
+    cands = torch.stack([make_keys("random", rows, K, seed=40 + w) for w in range(W)])
+    cands[0, 0, ::3] = 0  # some invalid keys
+    want = reference.stable_topk_from_candidates(cands, k)
+    check_equal(run(cands, k, device), want, shape=shape, k=k)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -493,6 +590,8 @@ def test_errors_name_the_argument():
         f(good, 4, out=torch.zeros(2, 5, dtype=torch.int32))
     with pytest.raises(ValueError, match="out must be 2-D"):
         f(good, 4, out=torch.zeros(8, dtype=torch.int32))
+    with pytest.raises(TypeError, match="sorted must be a bool, got int"):
+        f(good, 4, sorted=1)
 
 
 @pytest.mark.cuda
@@ -500,8 +599,9 @@ def test_errors_name_the_argument():
 def test_errors_cuda():
     f = dsa_ext.stable_topk_from_candidates
     cands = torch.zeros(2, 20000, dtype=torch.int64, device="cuda")
-    with pytest.raises(ValueError, match="k must be <= 16384 on CUDA"):
-        f(cands, 16385)
+    with pytest.raises(ValueError, match="k must be <= 16384 on CUDA with sorted=True"):
+        f(cands, 16385, sorted=True)
+    assert (f(cands, 16385) == -1).all()  # the default order has no such limit
     with pytest.raises(ValueError, match="out must be on cuda"):
         f(cands, 4, out=torch.zeros(2, 4, dtype=torch.int32))
 
@@ -518,7 +618,7 @@ def test_missing_driver_is_a_clear_error():
     out = torch.zeros(1, 2, dtype=torch.int32)
     with pytest.raises(RuntimeError, match="cannot load the CUDA driver"):
         dsa_ext._C.stable_topk_from_candidates(
-            (cands.data_ptr(), 1, 1, 4, 0, 4, 1), (out.data_ptr(), 1, 2, 2, 1), 0, 0)
+            (cands.data_ptr(), 1, 1, 4, 0, 4, 1), (out.data_ptr(), 1, 2, 2, 1), False, 0, 0)
 
 
 def test_torch_compile_fullgraph_cpu():
@@ -526,25 +626,30 @@ def test_torch_compile_fullgraph_cpu():
 
     @torch.compile(fullgraph=True, backend="aot_eager")
     def merged(c):
-        return dsa_ext.stable_topk_from_candidates(c, 20) + 0
+        return (dsa_ext.stable_topk_from_candidates(c, 20) + 0,
+                dsa_ext.stable_topk_from_candidates(c, 20, sorted=True) + 0)
 
-    assert torch.equal(merged(cands), reference.stable_topk_from_candidates(cands, 20))
+    got, got_sorted = merged(cands)
+    assert torch.equal(got, reference.stable_topk_from_candidates(cands, 20))
+    assert torch.equal(got_sorted, reference.stable_topk_from_candidates(cands, 20, sorted=True))
 
 
 def test_registered_op_and_fake():
     cands = make_keys("random", 3, 50, seed=9)
-    out = torch.empty(3, 7, dtype=torch.int32)
-    torch.ops.dsa_ext.stable_topk_from_candidates(cands, out)
-    assert torch.equal(out, reference.stable_topk_from_candidates(cands, 7))
-    torch.library.opcheck(torch.ops.dsa_ext.stable_topk_from_candidates,
-                          (cands, torch.empty(3, 7, dtype=torch.int32)))
+    for order in (False, True):
+        out = torch.empty(3, 7, dtype=torch.int32)
+        torch.ops.dsa_ext.stable_topk_from_candidates(cands, out, order)
+        assert torch.equal(out, reference.stable_topk_from_candidates(cands, 7, sorted=order))
+        torch.library.opcheck(torch.ops.dsa_ext.stable_topk_from_candidates,
+                              (cands, torch.empty(3, 7, dtype=torch.int32), order))
 
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
 @pytest.mark.parametrize("W,K,k", [(4, 2048, 2048), (8, 2048, 2048), (4, 6000, 3000),
                                    (2, 4096, 8192)])
-def test_cuda_no_host_sync(W, K, k):
+@pytest.mark.parametrize("order", [False, True])
+def test_cuda_no_host_sync(W, K, k, order):
     rows = 64
     host = torch.stack([make_keys("random", rows, K, seed=30 + w) for w in range(W)])
     cands = host.cuda()
@@ -553,16 +658,16 @@ def test_cuda_no_host_sync(W, K, k):
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        dsa_ext.stable_topk_from_candidates(cands, k, out=out)
-        allocated = dsa_ext.stable_topk_from_candidates(cands, k)
+        dsa_ext.stable_topk_from_candidates(cands, k, out=out, sorted=order)
+        allocated = dsa_ext.stable_topk_from_candidates(cands, k, sorted=order)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            on_side = dsa_ext.stable_topk_from_candidates(cands, k)
+            on_side = dsa_ext.stable_topk_from_candidates(cands, k, sorted=order)
         torch.cuda.current_stream().wait_stream(side)
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    want = reference.stable_topk_from_candidates(host, k)
+    want = reference.stable_topk_from_candidates(host, k, sorted=order)
     for got in (out, allocated, on_side):
         assert torch.equal(got.cpu(), want)
 
@@ -571,20 +676,22 @@ def test_cuda_no_host_sync(W, K, k):
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
 @pytest.mark.parametrize("W,K,k", [(4, 2048, 2048), (8, 2048, 2048), (4, 6000, 3000),
                                    (2, 4096, 8192)])
-def test_cuda_graph_capture_replay(W, K, k):
+@pytest.mark.parametrize("order", [False, True])
+def test_cuda_graph_capture_replay(W, K, k, order):
     """Eager, side stream and capture with host syncs as errors, then replays on new data
     (the register, streaming and large-sort variants)."""
     rows = 64
     cands = torch.stack([make_keys("random", rows, K, seed=50 + w) for w in range(W)]).cuda()
     out = torch.empty(rows, k, dtype=torch.int32, device="cuda")
-    graph = capture_graph(lambda: dsa_ext.stable_topk_from_candidates(cands, k, out=out))
+    graph = capture_graph(lambda: dsa_ext.stable_topk_from_candidates(cands, k, out=out,
+                                                                      sorted=order))
     for seed, kind in ((60, "ties"), (70, "random"), (80, "shortfall")):
         new = torch.stack([make_keys(kind, rows, K, seed=seed + w) for w in range(W)])
         cands.copy_(new.cuda())
         out.fill_(7)
         graph.replay()
         torch.cuda.synchronize()
-        check_equal(out, reference.stable_topk_from_candidates(new, k))
+        check_equal(out, reference.stable_topk_from_candidates(new, k, sorted=order))
 
 
 @pytest.mark.cuda

@@ -30,7 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from dcp_cases import (assert_same, make_attention_inputs, make_topk_case,  # noqa: E402
-                       run_world, shard_selection, sparse_attention)
+                       merged_want, run_world, shard_selection, sparse_attention)
 from dsa_ext.bench import _pack_inputs, capture, eager_us, graph_us  # noqa: E402
 
 CONTEXT = 65536  # tokens of the timed rows, split over the ranks
@@ -140,12 +140,15 @@ def worker(rank: int, world: int, port: int, backend: str, json_path: str) -> No
                 case = make_topk_case(100 * interleave + k, world, interleave, rows=6,
                                       max_len=3 * k, k=k, ties=k != 2048, device=device)
                 mine = case["ranks"][rank]
-                topk = mine["topk"].clone()
-                dsa_ext.merge_topk_global(mine["logits"], topk, k, rank=rank,
-                                          world_size=world, interleave=interleave)
                 ctx = dict(rank=rank, interleave=interleave, k=k)
-                assert_same(topk[:, :k].cpu(), case["want"], "merged top-k", **ctx)
-                assert bool((topk[:, k:] == -1).all()), f"columns >= k must be -1 {ctx}"
+                for order in (True, False):
+                    topk = mine["topk"].clone()
+                    dsa_ext.merge_topk_global(mine["logits"], topk, k, rank=rank,
+                                              world_size=world, interleave=interleave,
+                                              sorted=order)
+                    assert_same(topk[:, :k].cpu(), merged_want(case, order), "merged top-k",
+                                sorted=order, **ctx)
+                    assert bool((topk[:, k:] == -1).all()), f"columns >= k must be -1 {ctx}"
                 _check_attention(dsa_ext, topk, k, case, 100 * interleave + k, rank, world,
                                  interleave, device, ctx)
                 report["checked"].append(ctx)

@@ -22,7 +22,7 @@ struct EmbeddedKernel {
   unsigned block[3];
   unsigned cluster[3];
   unsigned dynamic_smem;  // bytes
-  int64_t sort_size;        // stable_topk: keys the sort orders (S)
+  int64_t sort_size;        // stable_topk: keys the sort orders (S; 0: position order)
   int64_t keys_per_thread;  // stable_topk: register slots per thread (0: row streamed)
   unsigned ctas_per_sm;     // stable_topk: CTAs the kernel is compiled to fit on one SM
 };

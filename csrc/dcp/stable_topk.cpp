@@ -36,15 +36,18 @@ int64_t next_pow2(int64_t x) {
 }
 
 //! The variant that runs `rows` rows of `segments` x `seg_len` candidates, selecting
-//! `sel` = min(k, N) of each, on `device`.
+//! `sel` = min(k, N) of each in position order (or `sorted`), on `device`. The rules
+//! follow the variant table (cute_dsl_aot/variants.py), in its order.
 const LoadedKernel& choose_variant(int64_t segments, int64_t rows, int64_t seg_len,
-                                   int64_t sel, int64_t device) {
+                                   int64_t sel, bool sorted, int64_t device) {
   const int64_t n_sort = std::max<int64_t>(next_pow2(sel), 2);
   int count = 0;
   const LoadedKernel* variants =
       kernels_for_device("stable_topk", static_cast<int>(device), &count);
   for (int i = 0; i < count; ++i) {  // manifest order: fastest first
     const EmbeddedKernel& e = *variants[i].info;
+    // sort_size 0: the default order (any k); else a sort of that many keys.
+    if (sorted ? e.sort_size < n_sort : e.sort_size != 0) continue;
     const int64_t sms = variants[i].multiprocessors;
     // A CTA pair per row pays off only while the pairs fit the SMs side by side.
     if (e.cluster[0] > 1 && rows * e.cluster[0] > sms) continue;
@@ -55,20 +58,20 @@ const LoadedKernel& choose_variant(int64_t segments, int64_t rows, int64_t seg_l
     // A register variant holds one key of every (segment, block-wide chunk) per thread
     // (the CTAs of a cluster share them out).
     const int64_t chunks = segments * ((seg_len + e.block[0] - 1) / e.block[0]);
-    if (e.sort_size >= n_sort &&
-        (e.keys_per_thread == 0 || chunks <= e.keys_per_thread * e.cluster[0])) {
+    if (e.keys_per_thread == 0 || chunks <= e.keys_per_thread * e.cluster[0]) {
       return variants[i];
     }
   }
-  throw std::runtime_error("dsa_ext: stable_topk_from_candidates: min(k, N) = " +
-                           std::to_string(sel) + " exceeds the largest CUDA variant");
+  throw std::runtime_error("dsa_ext: stable_topk_from_candidates: no CUDA variant for " +
+                           std::string(sorted ? "sorted " : "") + "min(k, N) = " +
+                           std::to_string(sel) + " in this build");
 }
 
-void stable_topk_cuda(const TopkCandidates& cand, const Strided2D<int32_t>& out,
+void stable_topk_cuda(const TopkCandidates& cand, const Strided2D<int32_t>& out, bool sorted,
                       const Place& place) {
   const int64_t sel = std::min<int64_t>(out.cols, cand.per_row());
   const LoadedKernel& chosen =
-      choose_variant(cand.segments, cand.rows, cand.seg_len, sel, place.device);
+      choose_variant(cand.segments, cand.rows, cand.seg_len, sel, sorted, place.device);
   CandParam c{cand.data,
               {static_cast<int32_t>(cand.segments), static_cast<int32_t>(cand.rows),
                static_cast<int32_t>(cand.seg_len)},
@@ -84,40 +87,61 @@ void stable_topk_cuda(const TopkCandidates& cand, const Strided2D<int32_t>& out,
 
 }  // namespace
 
-void stable_topk_cpu(const TopkCandidates& cand, const Strided2D<int32_t>& out) {
+void stable_topk_cpu(const TopkCandidates& cand, const Strided2D<int32_t>& out, bool sorted) {
   const int64_t n = cand.per_row();
   const int64_t sel = std::min<int64_t>(out.cols, n);
   std::vector<uint64_t> keys(static_cast<size_t>(n));
+  std::vector<uint64_t> row_keys(static_cast<size_t>(n));
   for (int64_t r = 0; r < cand.rows; ++r) {
     size_t i = 0;
     for (int64_t w = 0; w < cand.segments; ++w) {
       for (int64_t c = 0; c < cand.seg_len; ++c) keys[i++] = cand.key(w, r, c);
     }
-    // Descending unsigned keys: equal keys are identical candidates, so the order among
-    // them cannot show in the output.
-    std::partial_sort(keys.begin(), keys.begin() + sel, keys.end(), std::greater<uint64_t>());
-    for (int64_t j = 0; j < out.cols; ++j) {
-      out(r, j) = j < sel ? decode_candidate_gid(keys[static_cast<size_t>(j)]) : -1;
+    int64_t j = 0;
+    if (sorted) {
+      // Descending unsigned keys: equal keys are identical candidates, so the order among
+      // them cannot show in the output.
+      std::partial_sort(keys.begin(), keys.begin() + sel, keys.end(),
+                        std::greater<uint64_t>());
+      for (; j < sel && keys[static_cast<size_t>(j)] != 0; ++j) {
+        out(r, j) = decode_candidate_gid(keys[static_cast<size_t>(j)]);
+      }
+    } else {
+      // Position order: every key above the sel-th largest one (the threshold), plus the
+      // first `ties` copies of the threshold; key 0 (invalid) is never taken.
+      row_keys = keys;
+      std::nth_element(keys.begin(), keys.begin() + (sel - 1), keys.end(),
+                       std::greater<uint64_t>());
+      const uint64_t threshold = keys[static_cast<size_t>(sel - 1)];
+      int64_t ties = sel;
+      for (uint64_t key : row_keys) ties -= key > threshold;
+      for (uint64_t key : row_keys) {
+        if (key == 0) continue;
+        if (key > threshold || (key == threshold && ties-- > 0)) {
+          out(r, j++) = decode_candidate_gid(key);
+        }
+      }
     }
+    for (; j < out.cols; ++j) out(r, j) = -1;
   }
 }
 
 std::string stable_topk_variant(int64_t segments, int64_t rows, int64_t seg_len, int64_t k,
-                                int64_t device) {
+                                bool sorted, int64_t device) {
   const int64_t sel = std::min<int64_t>(k, segments * seg_len);
-  return choose_variant(segments, rows, seg_len, sel, device).info->variant;
+  return choose_variant(segments, rows, seg_len, sel, sorted, device).info->variant;
 }
 
 void stable_topk_from_candidates(const Desc3& candidates, const Desc2& out_desc,
-                                 int64_t device, int64_t stream) {
+                                 bool sorted, int64_t device, int64_t stream) {
   const TopkCandidates cand(candidates);
   const Strided2D<int32_t> out(out_desc);
   if (cand.rows == 0 || out.cols == 0) return;
   const Place place{device, stream};
   if (place.on_cuda()) {
-    stable_topk_cuda(cand, out, place);
+    stable_topk_cuda(cand, out, sorted, place);
   } else {
-    stable_topk_cpu(cand, out);
+    stable_topk_cpu(cand, out, sorted);
   }
 }
 

@@ -37,22 +37,29 @@ struct TopkCandidates {
   }
 };
 
-void stable_topk_cpu(const TopkCandidates& cand, const Strided2D<int32_t>& out);
+/*!
+ * \brief Each row's ids of its min(k, N) largest nonzero keys, then -1: in position order
+ *        (p = w * seg_len + c; among copies of the smallest key taken, the lowest
+ *        positions), or with `sorted` in descending key order.
+ */
+void stable_topk_cpu(const TopkCandidates& cand, const Strided2D<int32_t>& out, bool sorted);
 
 /*!
  * \brief Entry point bound to Python: candidates (3-D descriptor), out int32 [rows, k]
- *        (2-D descriptor); runs on the CPU (device < 0) or launches the cubin on `stream`.
+ *        (2-D descriptor), the order; runs on the CPU (device < 0) or launches the cubin
+ *        on `stream`.
  * \note  The Python layer has validated shapes: rows, W, K and k fit int32, N = W*K >= 1,
- *        k >= 1, and on CUDA min(k, N) fits the largest kernel variant.
+ *        k >= 1, and on CUDA N < 2^31 and, when sorted, min(k, N) fits the largest sort.
  */
-void stable_topk_from_candidates(const Desc3& candidates, const Desc2& out, int64_t device,
-                                 int64_t stream);
+void stable_topk_from_candidates(const Desc3& candidates, const Desc2& out, bool sorted,
+                                 int64_t device, int64_t stream);
 
 /*!
- * \brief Name of the exported variant (e.g. "d16_s2048") that CUDA device `device` runs
- *        for `rows` rows of `segments` x `seg_len` candidates and `k` ids per row.
+ * \brief Name of the exported variant (e.g. "d16_u", "d16_s2048") that CUDA device
+ *        `device` runs for `rows` rows of `segments` x `seg_len` candidates and `k` ids
+ *        per row, in position order or `sorted`.
  */
 std::string stable_topk_variant(int64_t segments, int64_t rows, int64_t seg_len, int64_t k,
-                                int64_t device);
+                                bool sorted, int64_t device);
 
 }  // namespace dsa

@@ -163,10 +163,13 @@ def _check_stable_topk(device: torch.device) -> None:
     keys[2, 100:] = 0  # one row with a shortfall
     gathered = keys.view(rows, W, K).transpose(0, 1)  # [W, rows, K], strided
     for cands in (keys, gathered):
-        for k in (1, 100, 2048, 4096):
-            want = reference.stable_topk_from_candidates(cands, k)
-            got = dsa_ext.stable_topk_from_candidates(cands.to(device), k)
-            _equal(f"top-{k} of {tuple(cands.shape)}", got, want)
+        for k in (1, 100, 2048, 4096, 20000):
+            for order in (False, True):
+                if order and k > 16384:
+                    continue  # past the sorting kernels' limit
+                want = reference.stable_topk_from_candidates(cands, k, sorted=order)
+                got = dsa_ext.stable_topk_from_candidates(cands.to(device), k, sorted=order)
+                _equal(f"top-{k} of {tuple(cands.shape)} sorted={order}", got, want)
 
 
 @check("merge_attention_outputs (fake W=4)")

@@ -280,6 +280,7 @@ def merge_topk_global(
     group=None,
     all_gather: Optional[AllGather] = None,
     row_starts: Optional[Tensor] = None,
+    sorted: bool = False,
 ) -> Tensor:
     """Exact global top-k across DCP ranks, written into ``topk_indices`` in place (spec 6d).
 
@@ -287,13 +288,17 @@ def merge_topk_global(
     (:func:`pack_dcp_topk_candidates`), the W * K candidates per row are all-gathered
     (rank-major ``[W, rows, K]``), and ``stable_topk_from_candidates`` keeps the k best
     by score descending, then global id ascending. Afterwards, on every rank,
-    ``topk_indices[:, :k]`` holds the same global token ids in that order (-1 where the
-    whole row has fewer than k valid tokens) and ``topk_indices[:, k:]`` is -1.
+    ``topk_indices[:, :k]`` holds the same global token ids (-1 where the whole row has
+    fewer than k valid tokens) and ``topk_indices[:, k:]`` is -1. Their order is that of
+    ``stable_topk_from_candidates``: by default the order in which they appear in the
+    gathered row (rank 0's local top-K columns first, then rank 1's, ...), with
+    ``sorted=True`` score descending, then global id ascending.
 
-    The result equals the unsharded top-k (order included) when each rank's local
-    top-K breaks ties like the global one, lower position first (local order follows
-    global order on a rank, so a stable local top-K does it). With another local tie
-    rule the merged set is still a valid top-k but may differ among equal scores.
+    The set equals the unsharded top-k (and with ``sorted=True`` so does the order)
+    when each rank's local top-K breaks ties like the global one, lower position first
+    (local order follows global order on a rank, so a stable local top-K does it). With
+    another local tie rule the merged set is still a valid top-k but may differ among
+    equal scores.
 
     ``world_size == 1`` is a no-op (``topk_indices`` is returned untouched).
 
@@ -309,6 +314,7 @@ def merge_topk_global(
             input [rows, K] int64) -> None`` with ``all_gather_into_tensor`` semantics,
             for a server's own communicator.
         row_starts: optional int32 ``[rows]`` column of each row's local position 0.
+        sorted: write the ids in descending score order instead of gathered order.
 
     Returns:
         ``topk_indices``. No host sync; with NCCL (or a capturable hook) the whole step
@@ -328,11 +334,11 @@ def merge_topk_global(
         return topk_indices
     _check_exchange(group, all_gather, "all_gather", rank, world_size)
     return _merge_topk(logits, topk_indices, k, rank, world_size, interleave, group,
-                       all_gather, row_starts)
+                       all_gather, row_starts, sorted)
 
 
 def _merge_topk(logits, topk_indices, k, rank, world_size, interleave, group, all_gather,
-                row_starts) -> Tensor:
+                row_starts, sorted=False) -> Tensor:
     """merge_topk_global after validation, for any world size (W = 1 included)."""
     rows, K = topk_indices.shape
     packed = pack_dcp_topk_candidates(logits, topk_indices, rank, world_size, interleave,
@@ -340,7 +346,7 @@ def _merge_topk(logits, topk_indices, k, rank, world_size, interleave, group, al
     gathered = torch.empty((world_size, rows, K), dtype=torch.int64,
                            device=topk_indices.device)
     all_gather_into(gathered.view(world_size * rows, K), packed, group, all_gather)
-    stable_topk_from_candidates(gathered, k, out=topk_indices[:, :k])
+    stable_topk_from_candidates(gathered, k, out=topk_indices[:, :k], sorted=sorted)
     if k < K:
         topk_indices[:, k:].fill_(-1)
     return topk_indices

@@ -279,19 +279,30 @@ def decode_candidate_gids(keys: Tensor) -> Tensor:
     return torch.where(keys == 0, torch.full_like(gid, -1), gid).to(torch.int32)
 
 
-def stable_topk_from_candidates(cands: Tensor, k: int) -> Tensor:
-    """int32 [rows, k] global ids of the k largest keys of each row, in descending key
-    order (score descending, then gid ascending); -1 where a row has fewer than k valid
+def stable_topk_from_candidates(cands: Tensor, k: int, sorted: bool = False) -> Tensor:
+    """int32 [rows, k] global ids of the k largest keys of each row (compared unsigned:
+    score descending, then gid ascending); -1 where a row has fewer than k valid (nonzero)
     candidates. `cands` is int64 [rows, N] or the all-gathered [W, rows, K] (rank-major:
-    candidate n of row i is cands[n // K, i, n % K])."""
+    candidate n of row i is cands[n // K, i, n % K], position n = w * K + c).
+
+    Which candidates: the k largest keys; among copies of one key (a candidate passed
+    twice) at the selection's boundary, the lowest positions. Their order: position
+    ascending (the order in which they appear in the row), or with `sorted`, descending
+    key order. The ids of the selected keys come first, then -1."""
     if cands.dim() == 3:
         W, rows, K = cands.shape
         cands = cands.permute(1, 0, 2).reshape(rows, W * K)
     rows, N = cands.shape
-    # Unsigned order == signed order of the keys with the top bit flipped.
+    # Unsigned order == signed order of the keys with the top bit flipped; the stable sort
+    # keeps equal keys in position order, so the copies taken are the lowest positions.
     signed = cands ^ torch.iinfo(torch.int64).min
-    ordered = torch.sort(signed, dim=1, descending=True, stable=True).values
-    keys = ordered[:, :k] ^ torch.iinfo(torch.int64).min
+    ordered = torch.sort(signed, dim=1, descending=True, stable=True)
+    keys = ordered.values[:, :k] ^ torch.iinfo(torch.int64).min
+    if not sorted:
+        # The selected positions in ascending order, key 0 (invalid) moved past the end.
+        positions = torch.where(keys != 0, ordered.indices[:, :k], N)
+        positions = torch.sort(positions, dim=1).values
+        keys = torch.where(positions < N, cands.gather(1, positions.clamp(max=N - 1)), 0)
     out = torch.full((rows, k), -1, dtype=torch.int32, device=cands.device)
     out[:, : keys.shape[1]] = decode_candidate_gids(keys)
     return out
@@ -306,7 +317,7 @@ def indexer_topk(logits: Tensor, k: int, lengths: Optional[Tensor] = None) -> Te
     pos = torch.arange(L, device=logits.device).expand(rows, L)
     if lengths is not None:
         pos = torch.where(pos < lengths.long()[:, None], pos, torch.full_like(pos, -1))
-    return stable_topk_from_candidates(encode_candidate_keys(logits, pos), k)
+    return stable_topk_from_candidates(encode_candidate_keys(logits, pos), k, sorted=True)
 
 
 def pack_dcp_topk_candidates(logits: Tensor, topk_indices: Tensor, rank: int,
@@ -324,6 +335,25 @@ def pack_dcp_topk_candidates(logits: Tensor, topk_indices: Tensor, rank: int,
     gid = dcp_global_position(local, rank, world_size, interleave)
     valid = (local >= 0) & (cols > 0)
     return encode_candidate_keys(score, torch.where(valid, gid, torch.full_like(gid, -1)))
+
+
+def merge_topk_global(logits: list, topk_indices: list, k: int, interleave: int = 1,
+                      row_starts: Optional[list] = None, sorted: bool = False) -> Tensor:
+    """int32 [rows, K] that every rank's ``topk_indices`` holds after the DCP merge (spec
+    6d): rank r's local logits ``logits[r]`` and local top-K ``topk_indices[r]`` [rows, K]
+    are packed, stacked rank-major ([W, rows, K], as all-gathered) and the k best kept
+    (in the order of :func:`stable_topk_from_candidates`); columns k.. are -1. With one
+    rank the local ids are returned unchanged."""
+    world = len(logits)
+    if world == 1:
+        return topk_indices[0].clone()
+    starts = row_starts if row_starts is not None else [None] * world
+    gathered = torch.stack([pack_dcp_topk_candidates(logits[r], topk_indices[r], r, world,
+                                                     interleave, starts[r])
+                            for r in range(world)])
+    out = torch.full(topk_indices[0].shape, -1, dtype=torch.int32, device=gathered.device)
+    out[:, :k] = stable_topk_from_candidates(gathered, k, sorted)
+    return out
 
 
 # ---------------------------------------------------------------------------------------

@@ -9,9 +9,10 @@ from . import _C, _checks, _native
 
 Tensor = torch.Tensor
 
-#: Largest min(k, N) the CUDA kernel handles (its biggest variant keeps that many keys in
-#: shared memory; see VARIANTS in cute_dsl_aot/export.py). The CPU has no limit.
-CUDA_MAX_SELECTED = 16384
+#: Largest min(k, N) the CUDA kernel sorts with ``sorted=True`` (its biggest sorting
+#: variant keeps that many keys in shared memory; see cute_dsl_aot/variants.py). The
+#: default order and the CPU have no such limit.
+CUDA_MAX_SORTED = 16384
 
 
 def _candidates_desc3(t: Tensor) -> tuple:
@@ -21,19 +22,19 @@ def _candidates_desc3(t: Tensor) -> tuple:
     return _native.desc3(t)
 
 
-def _topk_impl(candidates: Tensor, out: Tensor) -> None:
+def _topk_impl(candidates: Tensor, out: Tensor, sorted: bool) -> None:
     device, stream = _native.place(candidates)
     _C.stable_topk_from_candidates(_candidates_desc3(candidates), _native.desc2(out),
-                                   device, stream)
+                                   sorted, device, stream)
 
 
 _topk_op = _native.define(
-    "stable_topk_from_candidates(Tensor candidates, Tensor(a!) out) -> ()",
+    "stable_topk_from_candidates(Tensor candidates, Tensor(a!) out, bool sorted) -> ()",
     _topk_impl, _native.no_result)
 
 
-def stable_topk_from_candidates(candidates: Tensor, k: int, out: Optional[Tensor] = None
-                                ) -> Tensor:
+def stable_topk_from_candidates(candidates: Tensor, k: int, out: Optional[Tensor] = None, *,
+                                sorted: bool = False) -> Tensor:
     """Exact global top-K of packed DCP candidates, in a deterministic order.
 
     Each candidate is one int64 holding the unsigned 64-bit key (the format of
@@ -43,29 +44,40 @@ def stable_topk_from_candidates(candidates: Tensor, k: int, out: Optional[Tensor
         ordered(u) = ~u if u & 0x80000000 else u | 0x80000000
 
     For each row, ``out[row]`` lists the global ids of the ``k`` largest keys compared as
-    unsigned 64-bit integers, largest first: score descending (``+NaN`` above ``+inf``,
-    ``+0`` above ``-0``), then global id ascending. Invalid candidates (key 0) rank last
-    and, like a shortfall (fewer than ``k`` candidates), give ``-1``.
+    unsigned 64-bit integers (score descending, ``+NaN`` above ``+inf``, ``+0`` above
+    ``-0``; then global id ascending), then ``-1``: invalid candidates (key 0) are never
+    selected and, like a shortfall (fewer than ``k`` candidates), leave ``-1``.
 
-    The result matches an unsharded top-K exactly when each rank's local top-K breaks
-    ties by lower position first (any other local tie rule still yields a valid top-K,
-    possibly a different one among equal scores).
+    Order of the ids: by default, the order in which the selected candidates appear in the
+    row, position ``p = w * K + c`` of ``candidates[w, row, c]`` (rank-major as
+    all-gathered; the column of a 2-D input). Where the row holds the same key more than
+    once (a candidate passed twice) and only some of its copies make the top ``k``, the
+    copies at the lowest positions are taken. This order costs nothing extra on CUDA and
+    is identical across runs, batch sizes, ranks and CPU/CUDA. ``sorted=True`` orders the
+    ids by descending key instead (score descending, then id ascending).
+
+    The selected set (and with ``sorted=True`` the order) matches an unsharded top-K
+    exactly when each rank's local top-K breaks ties by lower position first (any other
+    local tie rule still yields a valid top-K, possibly a different one among equal
+    scores).
 
     Args:
         candidates: int64 ``[rows, N]`` (any strides, e.g. ``torch.cat`` of per-rank
             packed ``[rows, K]`` tensors along dim 1) or ``[W, rows, K]`` (any strides,
             e.g. the output of ``all_gather_into_tensor``: row r's candidates are
             ``candidates[:, r, :]``); ``N = W * K >= 1``. Read in place, never copied.
-        k: number of ids per row, ``k >= 1`` (``k > N`` fills with ``-1``). On CUDA,
-            ``min(k, N) <= CUDA_MAX_SELECTED`` (16384).
+        k: number of ids per row, ``k >= 1`` (``k > N`` fills with ``-1``). On CUDA
+            with ``sorted=True``, ``min(k, N) <= CUDA_MAX_SORTED`` (16384).
         out: optional int32 ``[rows, k]`` output (any strides). With ``out`` given the
             call allocates nothing and is CUDA-graph capturable.
+        sorted: descending key order instead of position order.
 
     Returns:
         int32 ``[rows, k]`` global ids (``out`` when given). No host synchronization.
 
     Raises:
-        TypeError: a dtype other than int64 candidates / int32 ``out``.
+        TypeError: a dtype other than int64 candidates / int32 ``out``, a non-bool
+            ``sorted``.
         ValueError: a wrong rank, shape or device, or ``k`` out of range.
 
     Example::
@@ -73,7 +85,12 @@ def stable_topk_from_candidates(candidates: Tensor, k: int, out: Optional[Tensor
         >>> from dsa_ext.reference import encode_candidate_keys
         >>> scores = torch.tensor([[0.5, 2.0, 0.5, -1.0]])
         >>> gids = torch.tensor([[7, 3, 1, -1]], dtype=torch.int32)
-        >>> dsa_ext.stable_topk_from_candidates(encode_candidate_keys(scores, gids), 5)
+        >>> keys = encode_candidate_keys(scores, gids)
+        >>> dsa_ext.stable_topk_from_candidates(keys, 5)
+        tensor([[ 7,  3,  1, -1, -1]], dtype=torch.int32)
+        >>> dsa_ext.stable_topk_from_candidates(keys, 2)  # 3 and 1 outrank 7
+        tensor([[3, 1]], dtype=torch.int32)
+        >>> dsa_ext.stable_topk_from_candidates(keys, 5, sorted=True)
         tensor([[ 3,  1,  7, -1, -1]], dtype=torch.int32)
     """
     _checks.tensor("candidates", candidates, torch.int64)
@@ -91,14 +108,19 @@ def stable_topk_from_candidates(candidates: Tensor, k: int, out: Optional[Tensor
         raise ValueError("candidates dimensions must be < 2^31, got shape "
                          f"{tuple(candidates.shape)}")
     _checks.integer("k", k, 1)
+    if not isinstance(sorted, bool):
+        raise TypeError(f"sorted must be a bool, got {type(sorted).__name__}")
     device = candidates.device
-    if device.type == "cuda" and min(k, n) > CUDA_MAX_SELECTED:
-        raise ValueError(f"k must be <= {CUDA_MAX_SELECTED} on CUDA when N = {n} > "
-                         f"{CUDA_MAX_SELECTED}, got {k}")
+    if device.type == "cuda" and n > _checks.INT32_MAX:
+        raise ValueError("candidates must hold < 2^31 candidates per row on CUDA, got "
+                         f"shape {tuple(candidates.shape)}")
+    if device.type == "cuda" and sorted and min(k, n) > CUDA_MAX_SORTED:
+        raise ValueError(f"k must be <= {CUDA_MAX_SORTED} on CUDA with sorted=True when "
+                         f"N = {n} > {CUDA_MAX_SORTED}, got {k}")
     if out is None:
         out = torch.empty((rows, k), dtype=torch.int32, device=device)
     else:
         _checks.tensor("out", out, torch.int32, 2, device)
         _checks.shape("out", out, (rows, k))
-    _native.call(_topk_op, candidates, out)
+    _native.call(_topk_op, candidates, out, sorted)
     return out

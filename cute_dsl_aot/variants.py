@@ -1,0 +1,108 @@
+"""The top-K kernel's launch facts, in one place (standard library only).
+
+``export.py`` compiles every entry of :data:`VARIANTS` and writes its facts into the
+manifest, ``embed.py`` copies the manifest into the C++ table ``kEmbeddedKernels``, and the
+C++ launcher (``choose_variant`` in ``csrc/dcp/stable_topk.cpp``) picks from that table.
+
+Launch: grid ``(rows * cluster, 1, 1)``, block ``(threads, 1, 1)``, cluster ``(2, 1, 1)``
+for a pair (else none), dynamic shared memory :func:`smem_bytes`, parameters
+:data:`PARAMS` in order.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+ABI_VERSION = 4  # must match embed.py's check and the parameter structs in csrc/dcp/
+
+#: Kernel parameters in order, as the launcher must pass them. A dynamic cute.Tensor is
+#: passed by value as {void* data; int32 shape[#dynamic]; int64 stride[#dynamic]}.
+PARAMS = [
+    "cand: {const int64* data; int32 shape[3] (W, rows, K); int64 stride[3]}",
+    "out: {int32* data; int32 shape[2] (rows, k); int64 stride[2]}",
+    "sel: int32 = min(k, W*K)",
+]
+
+RADIX_BITS = 8
+NUM_BINS = 1 << RADIX_BITS
+CTL_WORDS = 8  # shared control words of the select (see stable_topk.py)
+SMEM_BUDGET = 200 * 1024  # two sort buffers when they fit, else one
+STREAM_GROUP = 8  # (segment, chunk) pairs a streamed variant writes per block-wide scan
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One exported kernel.
+
+    sort_size: 0 for the default order (selected keys written in position order, any k),
+        else S, the keys the bitonic sort orders (sorted=True, ``next_pow2(min(k, N)) <= S``).
+    keys_per_thread: keys each thread holds in registers, one per (segment, block-wide
+        chunk) pair (``W * ceil(K / threads) <= keys_per_thread * cluster``); 0 streams the
+        row from global memory on every pass (any N).
+    log_r: log2 of the keys per sorting thread (sorting variants).
+    pair: a cluster of two CTAs per row, each holding one half of the row.
+    ctas_per_sm: CTAs an SM must hold at once (registers capped to fit).
+    """
+    name: str
+    threads: int
+    sort_size: int
+    keys_per_thread: int
+    log_r: int
+    pair: bool
+    ctas_per_sm: int
+
+    @property
+    def cluster(self) -> int:
+        return 2 if self.pair else 1
+
+    @property
+    def sorted(self) -> bool:
+        return self.sort_size > 0
+
+
+def sort_buffers(sort_size: int) -> int:
+    return 2 if 2 * sort_size * 8 + NUM_BINS * 8 + CTL_WORDS * 4 <= SMEM_BUDGET else 1
+
+
+def histograms(pair: bool) -> int:
+    return 3 if pair else 2  # a histogram is reused two passes later (see the passes)
+
+
+def scan_entries(v: Variant) -> int:
+    """Warp counts one block-wide scan of the position-order write covers."""
+    return (v.keys_per_thread or STREAM_GROUP) * (v.threads // 32)
+
+
+def smem_bytes(v: Variant) -> int:
+    """Dynamic shared memory of a variant, in this order (each 16-byte aligned): the sort
+    buffers (sorting variants) or the scan's counts and bases (default order), the
+    histograms, the control words."""
+    if v.sorted:
+        data = sort_buffers(v.sort_size) * v.sort_size * 8
+    else:
+        data = 2 * scan_entries(v) * 4
+    return data + histograms(v.pair) * NUM_BINS * 4 + CTL_WORDS * 4
+
+
+#: Fastest first within each kind; the launcher takes the first that fits the shape:
+#: pairs only while 2 x rows fit the SMs, 2 CTAs per SM only once the rows outnumber the
+#: SMs, keys in registers when the row's (segment, chunk) pairs fit, else streamed.
+#: Sorting variants: the smallest S with next_pow2(min(k, N)) <= S.
+#: - A pair sorts with 4 keys per thread: each CTA sorts half the keys, and twice the
+#:   sorting warps of 8 keys per thread hide more latency (H200, 64 rows, k = 2048: 14.6
+#:   against 15.2 us).
+#: - d16 (512 threads, 2 CTAs per SM) against r8, H200 (132 SMs), W = 4, K = 2048,
+#:   k = S = 2048 (sorting): 132 rows +7%, 200 rows -15%, 264 -13%, 396 -3%, 528 -11%,
+#:   792 -13%, 1024 -13%. (S = 1024 / 512 at 1024 rows: -5.6% / -2.6%; S = 4096: -1.4%,
+#:   not exported.)
+_SHAPES = (("p4", 1024, 4, True, 1), ("p8", 1024, 8, True, 1), ("d16", 512, 16, False, 2),
+           ("r8", 1024, 8, False, 1), ("r16", 1024, 16, False, 1), ("g", 1024, 0, False, 1))
+
+VARIANTS = tuple(
+    Variant(f"{kind}_u", threads, 0, items, 0, pair, ctas)
+    for kind, threads, items, pair, ctas in _SHAPES
+) + tuple(
+    Variant(f"{kind}_s{size}", threads, size, items, 2 if pair else 3, pair, ctas)
+    for size in (512, 1024, 2048, 4096, 8192)
+    for kind, threads, items, pair, ctas in _SHAPES
+    if kind == "g" or (size <= 4096 and (kind != "d16" or size <= 2048))
+) + (Variant("g_s16384", 1024, 16384, 0, 4, False, 1),)

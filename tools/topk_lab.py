@@ -1,0 +1,137 @@
+"""GPU lab of the stable top-K: both orders against the reference on many shapes, then
+graph-replay timings of the default order and of sorted=True per variant.
+
+    python tools/topk_lab.py [--json OUT.json] [--quick]
+
+1. Correctness: random, tied, shortfall and threshold-copy rows over W in {1, 2, 4, 8,
+   16}, K from 1 to 40000, k from 1 past N, rows that pick every variant (CTA pairs, one
+   CTA, two CTAs per SM, streamed), strided 3-D views; the CUDA output must equal
+   ``dsa_ext.reference`` (computed on the GPU with torch) bit for bit, in both orders.
+2. Timing (CUDA-graph replay, per launch, the pattern of ``dsa_ext.bench``; several input
+   copies so that replays do not run from a warm L2): the peer's shapes, k = K = 2048 for
+   W in {2, 4, 8} and rows in {1, 64, 256, 1024}, and k = K in {512, 1024} at W = 4, 64
+   rows, and each side of the launcher's variant boundaries (pairs / one CTA / two CTAs
+   per SM) at W = 4; each row gives the variant run and both orders' times.
+Exit code 1 on any mismatch.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+
+import dsa_ext
+from dsa_ext import reference
+from dsa_ext.bench import graph_us
+
+SIGN = torch.iinfo(torch.int64).min
+
+
+def make_rows(kind: str, W: int, rows: int, K: int, k: int, g: torch.Generator) -> torch.Tensor:
+    """[W, rows, K] int64 keys of one kind, built on the CPU."""
+    n = W * K
+    gids = torch.randperm(4 * n, generator=g)[:n].to(torch.int32).repeat(rows, 1)
+    gids = gids + torch.arange(rows, dtype=torch.int32)[:, None] * 3
+    if kind == "ties":
+        scores = torch.randint(0, 3, (rows, n), generator=g).float()
+    else:
+        scores = torch.randn(rows, n, generator=g)
+    if kind == "shortfall":
+        gids[torch.rand(rows, n, generator=g) < 0.8] = -1
+    keys = reference.encode_candidate_keys(scores, gids)
+    if kind == "copies":  # the k-th key repeated at scattered positions
+        for r in range(rows):
+            order = torch.sort(keys[r] ^ SIGN, descending=True).indices
+            at = torch.randperm(n, generator=g)[:max(2, n // 4)]
+            keys[r, at] = int(keys[r, order[min(n - 1, max(0, k - 1 - len(at) // 2))]])
+    return keys.view(rows, W, K).transpose(0, 1).contiguous()
+
+
+def correctness(quick: bool) -> list:
+    dev = torch.cuda.current_device()
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    g = torch.Generator().manual_seed(1)
+    shapes = [(W, K) for W in (1, 2, 4, 8, 16) for K in (1, 37, 512, 1000, 2048, 3000, 6000)]
+    shapes += [(1, 16384), (1, 20000), (1, 40000), (2, 9000)]
+    rows_choices = (1, 5, sms // 2, sms, sms + 1, 300)
+    failures, checked = [], 0
+    for W, K in shapes:
+        n = W * K
+        ks = sorted({1, max(1, K // 2), K, min(n, 2048), n, n + 7, 20000})
+        for k in ks:
+            for rows in (rows_choices[::2] if quick else rows_choices):
+                if rows * n > 2_000_000:
+                    continue
+                kind = ("random", "ties", "shortfall", "copies")[checked % 4]
+                host = make_rows(kind, W, rows, K, k, g)
+                cands = host.cuda()
+                view = cands
+                if checked % 5 == 4:  # a strided view: every other row of a bigger buffer
+                    big = torch.zeros(W, 2 * rows, K, dtype=torch.int64, device="cuda")
+                    big[:, ::2] = cands
+                    view = big[:, ::2]
+                for order in (False, True):
+                    if order and min(k, n) > dsa_ext.topk.CUDA_MAX_SORTED:
+                        continue
+                    variant = dsa_ext._C.stable_topk_variant(W, rows, K, k, order, dev)
+                    got = dsa_ext.stable_topk_from_candidates(view, k, sorted=order)
+                    want = reference.stable_topk_from_candidates(view, k, sorted=order)
+                    checked += 1
+                    if not torch.equal(got, want):
+                        bad = (got != want).nonzero()[0].tolist()
+                        failures.append(dict(W=W, K=K, k=k, rows=rows, kind=kind, sorted=order,
+                                             variant=variant, first_mismatch=bad))
+                        print("MISMATCH", failures[-1], flush=True)
+    torch.cuda.synchronize()
+    print(f"correctness: {checked} checks, {len(failures)} mismatches", flush=True)
+    return failures
+
+
+def timing() -> list:
+    dev = torch.cuda.current_device()
+    g = torch.Generator().manual_seed(2)
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    cases = [(W, rows, 2048, 2048) for W in (2, 4, 8) for rows in (1, 64, 256, 1024)]
+    cases += [(4, 64, 512, 512), (4, 64, 1024, 1024)]
+    # Each side of the launcher's variant boundaries (W = 4): the last rows on CTA pairs
+    # and the first on one CTA, the last on one CTA and the first on 2 CTAs per SM.
+    cases += [(4, rows, 2048, 2048) for rows in (sms // 2, sms // 2 + 1, sms, sms + 1)]
+    results = []
+    for W, rows, K, k in cases:
+        copies = max(2, min(8, (64 << 20) // (W * rows * K * 8)))  # > L2 in all
+        inputs = [make_rows("random", W, rows, K, k, g).cuda() for _ in range(copies)]
+        outs = [torch.empty(rows, k, dtype=torch.int32, device="cuda") for _ in inputs]
+        row = dict(W=W, rows=rows, K=K, k=k)
+        for order in (False, True):
+            name = "sorted" if order else "default"
+            row[f"{name}_variant"] = dsa_ext._C.stable_topk_variant(W, rows, K, k, order, dev)
+            calls = [lambda c=c, o=o, s=order: dsa_ext.stable_topk_from_candidates(
+                c, k, out=o, sorted=s) for c, o in zip(inputs, outs)]
+            row[f"{name}_us"] = round(graph_us(calls), 2)
+        row["sorted_over_default"] = round(row["sorted_us"] / row["default_us"], 2)
+        row["default_ns_per_row"] = round(1000 * row["default_us"] / rows, 1)
+        print(row, flush=True)
+        results.append(row)
+    return results
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--quick", action="store_true", help="fewer correctness rows")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("needs a CUDA device", file=sys.stderr)
+        return 2
+    failures = correctness(args.quick)
+    report = dict(device=torch.cuda.get_device_name(), failures=failures, timing=timing())
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(report, fh, indent=1)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
