@@ -79,8 +79,14 @@ def check_equal(got: torch.Tensor, want: torch.Tensor, **ctx) -> None:
 
 
 def check(cands: torch.Tensor, k: int, device: str) -> None:
-    """Both orders (the default position order and sorted=True) against the reference."""
+    """Both orders (the default position order and sorted=True) against the reference;
+    on CUDA, sorted=True past the largest sort (min(k, N) > CUDA_MAX_SORTED) must raise."""
     for order in (False, True):
+        if order and device == "cuda" and min(k, cands.shape[-1] * (
+                cands.shape[0] if cands.dim() == 3 else 1)) > dsa_ext.topk.CUDA_MAX_SORTED:
+            with pytest.raises(ValueError, match="sorted=True"):
+                run(cands, k, device, sorted=True)
+            continue
         check_equal(run(cands, k, device, sorted=order),
                     reference.stable_topk_from_candidates(cands, k, sorted=order),
                     shape=tuple(cands.shape), k=k, strides=cands.stride(), sorted=order)
