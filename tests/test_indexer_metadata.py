@@ -218,6 +218,29 @@ def test_plan_prefill_chunks_greedy_and_split():
     assert covered == list(range(540))
 
 
+@pytest.mark.parametrize("S, qsl", [([0], [0, 0]), ([7], [0, 0]), ([7, 5], [0, 0, 0]),
+                                     ([7, 5], [3, 3, 3])])
+def test_plan_prefill_chunks_no_query_tokens_no_chunk(device, S, qsl):
+    assert plan_prefill_chunks(S, qsl, max_kv_workspace=100, max_logits_bytes=1000) == []
+    b = IndexerMetadataBuilder(device, 1, 64, 8, 4096, max_kv_workspace=100,
+                               max_logits_bytes=1000)
+    assert b.build_prefill(i32(S, device), i32(qsl, device)) == []
+
+
+def test_plan_prefill_chunks_skips_only_empty_chunks():
+    # Request 1 (no query token) closes no chunk of its own: it rides along with request 0;
+    # request 2 does not fit the workspace with them and opens the next chunk.
+    plans = plan_prefill_chunks([10, 20, 90], [0, 4, 4, 9], max_kv_workspace=100,
+                                max_logits_bytes=10**6)
+    assert [(p.req_start, p.req_end, p.token_start, p.token_end) for p in plans] == [
+        (0, 2, 0, 4), (2, 3, 4, 9)]
+    # A leading zero-query request that fills the workspace alone plans nothing.
+    plans = plan_prefill_chunks([100, 50], [0, 0, 6], max_kv_workspace=100,
+                                max_logits_bytes=10**6)
+    assert [(p.req_start, p.req_end, p.token_start, p.token_end) for p in plans] == [
+        (1, 2, 0, 6)]
+
+
 @st.composite
 def prefill_cases(draw):
     world = draw(st.integers(1, 8))

@@ -353,7 +353,8 @@ def plan_prefill_chunks(seq_lens: Sequence[int], query_start_loc: Sequence[int],
     its KV columns stay ``<= max_kv_workspace`` and ``rows x KV columns x 4 bytes <=
     max_logits_bytes``. A request whose logits do not fit alone gets its own chunk(s),
     split on the query dimension into slices of ``max(1, max_logits_bytes // (4 * kv))``
-    rows; slices after the first have ``skip_kv_gather=True``.
+    rows; slices after the first have ``skip_kv_gather=True``. Requests without query
+    tokens get no chunk of their own (a batch of only such requests plans none).
 
     Raises:
         ValueError if one request's KV columns exceed ``max_kv_workspace`` (no split on
@@ -365,7 +366,8 @@ def plan_prefill_chunks(seq_lens: Sequence[int], query_start_loc: Sequence[int],
     P = len(seq_lens)
 
     def close(end: int) -> None:
-        if end > start:
+        # A chunk without query tokens has no logits rows to compute: none is planned.
+        if query_start_loc[end] > query_start_loc[start]:
             plans.append(PrefillChunkPlan(start, end, query_start_loc[start],
                                           query_start_loc[end], False))
 
