@@ -2,13 +2,15 @@
 
 Usage (one process per arch is used internally; CUTE_DSL_ARCH is set for each):
 
-    python cute_dsl_aot/export.py --out cute_dsl_aot/out                  # sm_90a and sm_100a
+    python cute_dsl_aot/export.py --out cute_dsl_aot/out --arch sm_90a --arch sm_100a
     python cute_dsl_aot/export.py --out DIR --arch sm_90a                  # one arch
 
+The build passes the "a" archs of CMAKE_CUDA_ARCHITECTURES (the one arch list).
+
 Writes, per arch, ``stable_topk_<variant>_<arch>.cubin`` and ``stable_topk_<arch>.json``
-(entry names, launch geometry, parameter layout: the facts of ``variants.py``). The build embeds them
-(``cute_dsl_aot/embed.py``); a build without nvidia-cutlass-dsl takes an exported folder
-through ``DSA_EXT_CUBIN_DIR``. Output is byte-for-byte reproducible.
+(entry names, launch geometry, parameter layout: the facts of ``variants.py``). The build
+embeds them (``cute_dsl_aot/embed.py``); a build without nvidia-cutlass-dsl takes an
+exported folder through ``DSA_EXT_CUBIN_DIR``. Output is byte-for-byte reproducible.
 """
 from __future__ import annotations
 
@@ -23,7 +25,6 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from variants import ABI_VERSION, PARAMS, VARIANTS, smem_bytes  # noqa: E402
 
-ARCHS = ("sm_90a", "sm_100a")
 
 def export_arch(arch: str, out_dir: str, keep_ptx: bool = False) -> dict:
     """Compile every variant for `arch` (CUTE_DSL_ARCH must equal it) and write the files."""
@@ -88,12 +89,12 @@ def export_arch(arch: str, out_dir: str, keep_ptx: bool = False) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="output folder")
-    parser.add_argument("--arch", action="append", choices=ARCHS,
-                        help="arch to export (repeatable; default: all)")
+    parser.add_argument("--arch", action="append", required=True,
+                        help="arch to export, e.g. sm_90a (repeatable)")
     parser.add_argument("--keep-ptx", action="store_true", help="also write the PTX")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    archs = args.arch or list(ARCHS)
+    archs = args.arch
     if len(archs) == 1 and os.environ.get("CUTE_DSL_ARCH") == archs[0]:
         export_arch(archs[0], args.out, args.keep_ptx)
         return

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-ABI_VERSION = 4  # must match embed.py's check and the parameter structs in csrc/dcp/
+ABI_VERSION = 4  # must match kCubinAbiVersion (csrc/dcp/cubin_loader.h): the build checks it
 
 #: Kernel parameters in order, as the launcher must pass them. A dynamic cute.Tensor is
 #: passed by value as {void* data; int32 shape[#dynamic]; int64 stride[#dynamic]}.

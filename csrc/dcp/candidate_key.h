@@ -29,11 +29,6 @@ DSA_HD uint32_t ordered_score_bits(uint32_t u) {
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
-//! Inverse of ordered_score_bits.
-DSA_HD uint32_t score_bits_from_ordered(uint32_t o) {
-  return (o & 0x80000000u) ? (o & 0x7FFFFFFFu) : ~o;
-}
-
 /*!
  * \brief Key of one candidate.
  * \param score_bits raw bits of the fp32 score
@@ -49,11 +44,6 @@ DSA_HD uint64_t encode_candidate_key(uint32_t score_bits, int64_t gid) {
 DSA_HD int32_t decode_candidate_gid(uint64_t key) {
   return key == kInvalidCandidateKey ? -1
                                      : static_cast<int32_t>(~static_cast<uint32_t>(key));
-}
-
-//! Raw fp32 bits of the score of a valid key.
-DSA_HD uint32_t decode_candidate_score_bits(uint64_t key) {
-  return score_bits_from_ordered(static_cast<uint32_t>(key >> 32));
 }
 
 }  // namespace dsa

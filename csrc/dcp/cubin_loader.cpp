@@ -91,7 +91,8 @@ void check(CUresult result, const char* what) {
                            std::to_string(static_cast<int>(result)) + ")");
 }
 
-//! The cubin architecture that runs on a device: exact "a" targets only.
+//! The cubin architecture that runs on a device: the exact "a" target of its compute
+//! capability (sm_90a for 9.0, sm_100a for 10.0); the embedded table says which exist.
 std::string arch_of(int device) {
   const Driver& d = driver();
   CUdevice dev = 0;
@@ -101,9 +102,7 @@ std::string arch_of(int device) {
         "cuDeviceGetAttribute");
   check(d.device_get_attribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev),
         "cuDeviceGetAttribute");
-  if (major == 9 && minor == 0) return "sm_90a";
-  if (major == 10 && minor == 0) return "sm_100a";
-  return "sm_" + std::to_string(major) + std::to_string(minor);
+  return "sm_" + std::to_string(major) + std::to_string(minor) + (major >= 9 ? "a" : "");
 }
 
 //! Makes `wanted` the calling thread's current context for a scope, then restores.

@@ -11,13 +11,17 @@
 
 namespace dsa {
 
+//! Version of the kernel parameter layout the launchers pass (cute_dsl_aot/variants.py's
+//! ABI_VERSION, written into each manifest). The generated table static_asserts that its
+//! manifests carry this version, so cubins exported for another layout fail the build.
+constexpr int kCubinAbiVersion = 4;
+
 //! One exported kernel variant for one arch (generated table entry).
 struct EmbeddedKernel {
   const char* family;          // e.g. "stable_topk"
   const char* arch;            // "sm_90a", "sm_100a"
   const char* variant;         // e.g. "r8_s2048"
   const unsigned char* cubin;  // cubin bytes
-  size_t cubin_size;
   const char* entry;           // kernel symbol in the cubin
   unsigned block[3];
   unsigned cluster[3];
