@@ -4,8 +4,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dsa_ext import dcp, reference
-from dsa_ext.indexer import decode_context_lens
+from dsa_ext import reference, seq_lens
+from dsa_ext.seq_lens import decode_context_lens
 from conftest import assert_equal
 
 I32, I64 = torch.int32, torch.int64
@@ -22,9 +22,9 @@ def naive_local_length(L: int, rank: int, world: int, interleave: int) -> int:
 
 def test_spec_vector_localize_after_expansion(device):
     bounds = torch.tensor([8, 9, 10], dtype=I32, device=device)
-    assert dcp.local_seq_lens(bounds, 1, 2, 1).tolist() == [4, 4, 5]
+    assert seq_lens.local_seq_lens(bounds, 1, 2, 1).tolist() == [4, 4, 5]
     # The wrong order (localize the request length, then subtract offsets) differs.
-    wrong = dcp.local_seq_lens(torch.tensor([10], dtype=I32), 1, 2, 1) - torch.tensor([2, 1, 0])
+    wrong = seq_lens.local_seq_lens(torch.tensor([10], dtype=I32), 1, 2, 1) - torch.tensor([2, 1, 0])
     assert wrong.tolist() == [3, 4, 5]
     # The decode expansion localizes per token: S=10, next_n=3, W=2, rank 1.
     glob, local, _ = decode_context_lens(torch.tensor([10], dtype=I32, device=device), 3,
@@ -37,11 +37,11 @@ def test_spec_vector_localize_after_expansion(device):
 @pytest.mark.parametrize("dtype", [I32, I64])
 def test_every_length_every_rank_equals_naive_count(device, world, interleave, dtype):
     L = torch.arange(33, dtype=dtype, device=device)
-    every = dcp.local_seq_lens(L, None, world, interleave)
+    every = seq_lens.local_seq_lens(L, None, world, interleave)
     assert every.shape == (33, world) and every.dtype == dtype
     for rank in range(world):
         want = torch.tensor([naive_local_length(n, rank, world, interleave) for n in range(33)])
-        assert_equal(dcp.local_seq_lens(L, rank, world, interleave), want, rank=rank)
+        assert_equal(seq_lens.local_seq_lens(L, rank, world, interleave), want, rank=rank)
         assert_equal(every[:, rank], want, rank=rank)
     assert_equal(every.sum(dim=1), L)  # every position has exactly one owner
 
@@ -49,25 +49,25 @@ def test_every_length_every_rank_equals_naive_count(device, world, interleave, d
 @pytest.mark.parametrize("interleave", [1, 2, 4, 16])
 def test_world_one_is_identity(device, interleave):
     L = torch.randint(0, 1 << 20, (100,), dtype=I64, device=device)
-    assert_equal(dcp.local_seq_lens(L, 0, 1, interleave), L)
+    assert_equal(seq_lens.local_seq_lens(L, 0, 1, interleave), L)
 
 
 def test_shapes_strides_and_out(device):
     base = torch.arange(24, dtype=I32, device=device).view(4, 6)
     lens = base[:, ::2]  # non-contiguous 2-D input
-    got = dcp.local_seq_lens(lens, None, 4, 2)
+    got = seq_lens.local_seq_lens(lens, None, 4, 2)
     assert got.shape == (4, 3, 4)
     assert_equal(got, reference.local_seq_lens(lens.cpu(), None, 4, 2))
     out = torch.full((4, 3), -7, dtype=I32, device=device)
-    res = dcp.local_seq_lens(lens, 3, 4, 2, out=out)
+    res = seq_lens.local_seq_lens(lens, 3, 4, 2, out=out)
     assert res is out
     assert_equal(out, reference.local_seq_lens(lens.cpu(), 3, 4, 2))
     strided_out = torch.full((20,), -7, dtype=I64, device=device)
     one_d = torch.arange(10, dtype=I64, device=device)
-    dcp.local_seq_lens(one_d, 1, 2, out=strided_out[::2])
+    seq_lens.local_seq_lens(one_d, 1, 2, out=strided_out[::2])
     assert_equal(strided_out[::2], reference.local_seq_lens(one_d.cpu(), 1, 2, 1))
     assert (strided_out[1::2] == -7).all()
-    assert dcp.local_seq_lens(torch.empty(0, dtype=I32, device=device), None, 3).shape == (0, 3)
+    assert seq_lens.local_seq_lens(torch.empty(0, dtype=I32, device=device), None, 3).shape == (0, 3)
 
 
 @given(world=st.integers(1, 8), interleave=st.sampled_from([1, 2, 4, 16]),
@@ -78,7 +78,7 @@ def test_random_lengths_vs_reference(world, interleave, data, n, big):
     dtype = I64 if big else I32
     low = -(1 << 20)  # lengths are data: negative ones must give a defined 0
     L = torch.randint(low, (1 << 40) if big else (1 << 30), (n,), generator=g, dtype=I64).to(dtype)
-    assert_equal(dcp.local_seq_lens(L, rank, world, interleave),
+    assert_equal(seq_lens.local_seq_lens(L, rank, world, interleave),
                  reference.local_seq_lens(L, rank, world, interleave))
 
 
@@ -87,20 +87,20 @@ def test_random_lengths_vs_reference(world, interleave, data, n, big):
 def test_random_lengths_cuda_equals_cpu(world, interleave, data):
     rank = data.draw(st.one_of(st.none(), st.integers(0, world - 1)))
     L = torch.randint(-(1 << 20), 1 << 30, (513,), dtype=I32)
-    cpu = dcp.local_seq_lens(L, rank, world, interleave)
-    assert_equal(dcp.local_seq_lens(L.cuda(), rank, world, interleave), cpu)
+    cpu = seq_lens.local_seq_lens(L, rank, world, interleave)
+    assert_equal(seq_lens.local_seq_lens(L.cuda(), rank, world, interleave), cpu)
 
 
 def test_negative_lengths_own_nothing(device):
     L = torch.tensor([-5, -1, 0, 3], dtype=I32, device=device)
-    assert dcp.local_seq_lens(L, 1, 2).tolist() == [0, 0, 0, 1]
+    assert seq_lens.local_seq_lens(L, 1, 2).tolist() == [0, 0, 0, 1]
     assert reference.dcp_local_length(-5, 1, 2, 1) == 0
 
 
 def test_zero_dim_length_all_ranks_into_strided_out(device):
     buf = torch.full((8,), -7, dtype=I32, device=device)
     L = torch.tensor(5, dtype=I32, device=device)
-    res = dcp.local_seq_lens(L, None, 4, 1, out=buf[::2])
+    res = seq_lens.local_seq_lens(L, None, 4, 1, out=buf[::2])
     assert res.tolist() == [2, 1, 1, 1]
     assert buf[1::2].eq(-7).all()  # the skipped elements stay untouched
 
@@ -124,13 +124,13 @@ def test_zero_dim_length_all_ranks_into_strided_out(device):
 ])
 def test_bad_input_names_the_argument(args, kw, error, text):
     with pytest.raises(error) as info:
-        dcp.local_seq_lens(*args, **kw)
+        seq_lens.local_seq_lens(*args, **kw)
     assert text in str(info.value)
 
 
 def test_torch_compile_fullgraph(device):
     def step(lens, out):
-        dcp.local_seq_lens(lens, None, 4, 2, out=out)
+        seq_lens.local_seq_lens(lens, None, 4, 2, out=out)
         return out * 1
 
     lens = torch.arange(40, dtype=I32, device=device)

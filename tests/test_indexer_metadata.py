@@ -7,9 +7,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dsa_ext import indexer, reference
-from dsa_ext.indexer import (IndexerMetadataBuilder, decode_context_lens, decode_path,
-                             decode_row_ends, paged_mqa_logits, plan_prefill_chunks,
-                             prefill_chunk_bounds)
+from dsa_ext.indexer import IndexerMetadataBuilder, decode_path, plan_prefill_chunks
+from dsa_ext.mqa_logits import paged_mqa_logits
+from dsa_ext.seq_lens import decode_context_lens, decode_row_ends, prefill_chunk_bounds
 from conftest import assert_equal, capture_graph
 
 I32 = torch.int32

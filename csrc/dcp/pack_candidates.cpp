@@ -12,16 +12,15 @@ void pack_candidates_cpu(const PackCandidatesArgs& a) {
   }
 }
 
-void pack_dcp_topk_candidates(const Desc2& logits, const Desc2& topk_indices,
-                              const Desc1& row_starts, int64_t rank, int64_t world,
-                              int64_t interleave, const Desc2& out, int64_t device,
-                              int64_t stream) {
+void pack_dcp_topk_candidates(const Desc2& logits, const Desc2& topk_indices, int64_t rank,
+                              int64_t world_size, int64_t interleave, const Desc1& row_starts,
+                              const Desc2& out, int64_t device, int64_t stream) {
   PackCandidatesArgs a;
   a.logits = Strided2D<const uint32_t>(logits);
   a.topk_indices = Strided2D<const int32_t>(topk_indices);
   a.row_starts = Strided1D<const int32_t>(row_starts);
   a.out = Strided2D<uint64_t>(out);
-  a.dcp = DcpLayout(static_cast<int32_t>(world), static_cast<int32_t>(interleave));
+  a.dcp = DcpLayout(static_cast<int32_t>(world_size), static_cast<int32_t>(interleave));
   a.rank = static_cast<int32_t>(rank);
   run_on(Place{device, stream}, a, pack_candidates_cpu, pack_candidates_cuda);
 }

@@ -54,12 +54,12 @@ void pack_candidates_cpu(const PackCandidatesArgs& args);
 void pack_candidates_cuda(const PackCandidatesArgs& args, const Place& place);
 
 /*!
- * \brief Entry point bound to Python: builds the arguments from the descriptors the
+ * \brief Entry point bound to Python, its parameters in the op's order
+ *        (python/dsa_ext/_native.py): builds the arguments from the descriptors the
  *        (already validated) Python layer passes and runs on the CPU or the device.
  */
-void pack_dcp_topk_candidates(const Desc2& logits, const Desc2& topk_indices,
-                              const Desc1& row_starts, int64_t rank, int64_t world,
-                              int64_t interleave, const Desc2& out, int64_t device,
-                              int64_t stream);
+void pack_dcp_topk_candidates(const Desc2& logits, const Desc2& topk_indices, int64_t rank,
+                              int64_t world_size, int64_t interleave, const Desc1& row_starts,
+                              const Desc2& out, int64_t device, int64_t stream);
 
 }  // namespace dsa

@@ -26,13 +26,14 @@ void convert_index_cpu(const ConvertIndexArgs& a) {
 
 void convert_req_index_to_global_index(const Desc1& req_id, const Desc2& block_table,
                                        const Desc2& token_indices, int64_t block_size,
-                                       int64_t block_stride, int64_t world, int64_t rank,
-                                       int64_t interleave, bool compact, const Desc2& out,
-                                       const Desc1& valid_counts, const Desc1& idx_mapping,
+                                       int64_t block_stride, int64_t dcp_world_size,
+                                       int64_t dcp_rank, int64_t interleave, bool compact,
+                                       const Desc1& idx_mapping,
                                        const Desc1& prefill_request_id,
-                                       const Desc1& workspace_starts,
-                                       int64_t workspace_rank_stride, int64_t device,
-                                       int64_t stream) {
+                                       const Desc1& prefill_workspace_starts,
+                                       int64_t prefill_workspace_rank_stride,
+                                       const Desc2& out, const Desc1& valid_counts,
+                                       int64_t device, int64_t stream) {
   ConvertIndexArgs a;
   a.req_id = Strided1D<const int32_t>(req_id);
   a.block_table = Strided2D<const int32_t>(block_table);
@@ -41,12 +42,12 @@ void convert_req_index_to_global_index(const Desc1& req_id, const Desc2& block_t
   a.valid_counts = Strided1D<int32_t>(valid_counts);
   a.idx_mapping = Strided1D<const int32_t>(idx_mapping);
   a.prefill_request_id = Strided1D<const int32_t>(prefill_request_id);
-  a.workspace_starts = Strided1D<const int32_t>(workspace_starts);
-  a.workspace_rank_stride = workspace_rank_stride;
+  a.workspace_starts = Strided1D<const int32_t>(prefill_workspace_starts);
+  a.workspace_rank_stride = prefill_workspace_rank_stride;
   a.by_block_size = FastDiv(static_cast<uint32_t>(block_size));
   a.block_stride = static_cast<int32_t>(block_stride);
-  a.dcp = DcpLayout(static_cast<int32_t>(world), static_cast<int32_t>(interleave));
-  a.rank = static_cast<int32_t>(rank);
+  a.dcp = DcpLayout(static_cast<int32_t>(dcp_world_size), static_cast<int32_t>(interleave));
+  a.rank = static_cast<int32_t>(dcp_rank);
   a.compact = compact;
   run_on(Place{device, stream}, a, convert_index_cpu, convert_index_cuda);
 }

@@ -118,17 +118,19 @@ void convert_index_cpu(const ConvertIndexArgs& args);
 void convert_index_cuda(const ConvertIndexArgs& args, const Place& place);
 
 /*!
- * \brief Entry point bound to Python: builds the arguments from the descriptors the
+ * \brief Entry point bound to Python, its parameters in the op's order
+ *        (python/dsa_ext/_native.py): builds the arguments from the descriptors the
  *        (already validated) Python layer passes and runs on the CPU or the device.
  */
 void convert_req_index_to_global_index(const Desc1& req_id, const Desc2& block_table,
                                        const Desc2& token_indices, int64_t block_size,
-                                       int64_t block_stride, int64_t world, int64_t rank,
-                                       int64_t interleave, bool compact, const Desc2& out,
-                                       const Desc1& valid_counts, const Desc1& idx_mapping,
+                                       int64_t block_stride, int64_t dcp_world_size,
+                                       int64_t dcp_rank, int64_t interleave, bool compact,
+                                       const Desc1& idx_mapping,
                                        const Desc1& prefill_request_id,
-                                       const Desc1& workspace_starts,
-                                       int64_t workspace_rank_stride, int64_t device,
-                                       int64_t stream);
+                                       const Desc1& prefill_workspace_starts,
+                                       int64_t prefill_workspace_rank_stride,
+                                       const Desc2& out, const Desc1& valid_counts,
+                                       int64_t device, int64_t stream);
 
 }  // namespace dsa

@@ -20,37 +20,40 @@ void prefill_bounds_cpu(const PrefillBoundsArgs& a) {
   for (int64_t t = 0; t < a.num_tokens; ++t) prefill_bounds_element(a, t);
 }
 
-void dcp_local_seq_lens(const Desc1& lens, const Desc2& out, bool is_int64, int64_t rank,
-                        int64_t world, int64_t interleave, int64_t device, int64_t stream) {
+void dcp_local_seq_lens(const Desc1& seq_lens, int64_t rank, int64_t world_size,
+                        int64_t interleave, const Desc2& out, bool is_int64, int64_t device,
+                        int64_t stream) {
   LocalLensArgs a;
   if (is_int64) {
-    a.lens64 = Strided1D<const int64_t>(lens);
+    a.lens64 = Strided1D<const int64_t>(seq_lens);
     a.out64 = Strided2D<int64_t>(out);
   } else {
-    a.lens32 = Strided1D<const int32_t>(lens);
+    a.lens32 = Strided1D<const int32_t>(seq_lens);
     a.out32 = Strided2D<int32_t>(out);
   }
   a.is_int64 = is_int64;
-  a.num = lens[1];
+  a.num = seq_lens[1];
   a.rank = rank;
-  a.world = world;
+  a.world = world_size;
   a.interleave = interleave;
   run_on(Place{device, stream}, a, local_lens_cpu, local_lens_cuda);
 }
 
-void expand_decode_seq_lens(const Desc1& seq_lens, const Desc1& query_start_loc,
-                            int64_t next_n, int64_t num_tokens, int64_t ratio, int64_t rank,
-                            int64_t world, int64_t interleave, const Desc1& global_lens,
-                            const Desc2& local_lens, const Desc1& row_map, int64_t device,
-                            int64_t stream) {
+void expand_decode_seq_lens(const Desc1& seq_lens, int64_t num_reqs,
+                            const Desc1& query_start_loc, int64_t next_n,
+                            int64_t num_decode_tokens, int64_t compress_ratio,
+                            int64_t dcp_rank, int64_t dcp_world_size, int64_t interleave,
+                            const Desc1& global_lens, const Desc2& local_lens,
+                            const Desc1& row_map, int64_t device, int64_t stream) {
   DecodeLensArgs a;
   a.seq_lens = Strided1D<const int32_t>(seq_lens);
+  a.seq_lens.size = num_reqs;  // the batch's requests: a prefix of the lengths given
   a.query_start_loc = Strided1D<const int32_t>(query_start_loc);
   a.next_n = next_n;
-  a.num_tokens = num_tokens;
-  a.ratio = ratio;
-  a.rank = rank;
-  a.world = world;
+  a.num_tokens = num_decode_tokens;
+  a.ratio = compress_ratio;
+  a.rank = dcp_rank;
+  a.world = dcp_world_size;
   a.interleave = interleave;
   a.global_lens = Strided1D<int32_t>(global_lens);
   a.local_lens = Strided2D<int32_t>(local_lens);
@@ -59,19 +62,19 @@ void expand_decode_seq_lens(const Desc1& seq_lens, const Desc1& query_start_loc,
 }
 
 void prefill_chunk_bounds(const Desc1& seq_lens, const Desc1& query_start_loc,
-                          const Desc1& row_starts, int64_t token_start, int64_t num_tokens,
-                          int64_t ratio, int64_t rank, int64_t world, int64_t interleave,
-                          const Desc1& ks, const Desc1& ke, const Desc1& token_to_seq,
-                          int64_t device, int64_t stream) {
+                          const Desc1& row_starts, int64_t token_start, int64_t token_end,
+                          int64_t compress_ratio, int64_t dcp_rank, int64_t dcp_world_size,
+                          int64_t interleave, const Desc1& ks, const Desc1& ke,
+                          const Desc1& token_to_seq, int64_t device, int64_t stream) {
   PrefillBoundsArgs a;
   a.seq_lens = Strided1D<const int32_t>(seq_lens);
   a.query_start_loc = Strided1D<const int32_t>(query_start_loc);
   a.row_starts = Strided1D<const int32_t>(row_starts);
   a.token_start = token_start;
-  a.num_tokens = num_tokens;
-  a.ratio = ratio;
-  a.rank = rank;
-  a.world = world;
+  a.num_tokens = token_end - token_start;
+  a.ratio = compress_ratio;
+  a.rank = dcp_rank;
+  a.world = dcp_world_size;
   a.interleave = interleave;
   a.ks = Strided1D<int32_t>(ks);
   a.ke = Strided1D<int32_t>(ke);

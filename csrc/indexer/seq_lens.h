@@ -186,22 +186,26 @@ void prefill_bounds_cpu(const PrefillBoundsArgs& args);
 void prefill_bounds_cuda(const PrefillBoundsArgs& args, const Place& place);
 
 // ---------------------------------------------------------------------------------------
-// Entry points bound to Python (arguments validated there)
+// Entry points bound to Python (arguments validated there), parameters in the ops' order
+// (python/dsa_ext/_native.py); rank -1 in dcp_local_seq_lens / expand_decode_seq_lens:
+// every rank, one column each
 // ---------------------------------------------------------------------------------------
 
-void dcp_local_seq_lens(const Desc1& lens, const Desc2& out, bool is_int64, int64_t rank,
-                        int64_t world, int64_t interleave, int64_t device, int64_t stream);
+void dcp_local_seq_lens(const Desc1& seq_lens, int64_t rank, int64_t world_size,
+                        int64_t interleave, const Desc2& out, bool is_int64, int64_t device,
+                        int64_t stream);
 
-void expand_decode_seq_lens(const Desc1& seq_lens, const Desc1& query_start_loc,
-                            int64_t next_n, int64_t num_tokens, int64_t ratio, int64_t rank,
-                            int64_t world, int64_t interleave, const Desc1& global_lens,
-                            const Desc2& local_lens, const Desc1& row_map, int64_t device,
-                            int64_t stream);
+void expand_decode_seq_lens(const Desc1& seq_lens, int64_t num_reqs,
+                            const Desc1& query_start_loc, int64_t next_n,
+                            int64_t num_decode_tokens, int64_t compress_ratio,
+                            int64_t dcp_rank, int64_t dcp_world_size, int64_t interleave,
+                            const Desc1& global_lens, const Desc2& local_lens,
+                            const Desc1& row_map, int64_t device, int64_t stream);
 
 void prefill_chunk_bounds(const Desc1& seq_lens, const Desc1& query_start_loc,
-                          const Desc1& row_starts, int64_t token_start, int64_t num_tokens,
-                          int64_t ratio, int64_t rank, int64_t world, int64_t interleave,
-                          const Desc1& ks, const Desc1& ke, const Desc1& token_to_seq,
-                          int64_t device, int64_t stream);
+                          const Desc1& row_starts, int64_t token_start, int64_t token_end,
+                          int64_t compress_ratio, int64_t dcp_rank, int64_t dcp_world_size,
+                          int64_t interleave, const Desc1& ks, const Desc1& ke,
+                          const Desc1& token_to_seq, int64_t device, int64_t stream);
 
 }  // namespace dsa

@@ -3,7 +3,7 @@
 Importing needs no GPU, no driver and no compiler: every kernel is compiled into the
 wheel (SASS for sm_90a and sm_100a) and nothing is compiled at run time.
 """
-from . import _C, dcp, indexer, reference
+from . import _C, dcp, indexer, mqa_logits, reference, seq_lens
 from .c128a import (C128AMetadataBuilder, build_c128a_topk_metadata, c128a_capacity,
                     c128a_topk_width)
 from .indexer import IndexerMetadataBuilder, decode_path
@@ -27,7 +27,9 @@ __all__ = [
     "decode_path",
     "dcp",
     "indexer",
+    "mqa_logits",
     "reference",
+    "seq_lens",
     "pack_dcp_topk_candidates",
     "merge_topk_global",
     "stable_topk_from_candidates",

@@ -83,7 +83,7 @@ def _check_c128a(device: torch.device) -> None:
 
 @check("decode per-token lengths + DCP localization")
 def _check_decode_lens(device: torch.device) -> None:
-    from dsa_ext.indexer import decode_context_lens
+    from dsa_ext.seq_lens import decode_context_lens
     g = torch.Generator().manual_seed(2)
     B, next_n = 64, 4
     S = torch.randint(0, 1 << 17, (B,), generator=g, dtype=torch.int32)
@@ -103,7 +103,7 @@ def _check_decode_lens(device: torch.device) -> None:
                                           for k, v in kw.items()})
             for name, a, b in zip(("global", "local", "row_map"), got, want):
                 _equal(name, a, b)
-    _equal("spec 1 vector", dsa_ext.dcp.local_seq_lens(
+    _equal("spec 1 vector", dsa_ext.seq_lens.local_seq_lens(
         torch.tensor([8, 9, 10], device=device), 1, 2, 1), torch.tensor([4, 4, 5]))
 
 

@@ -1,25 +1,42 @@
-"""The bridge to the compiled module: tensor descriptors, placement, op registration.
+"""The bridge to the compiled module, and the only module that calls it: each op's
+boundary is declared here once.
 
 Every public op follows one pattern:
 
 1. the public function validates its arguments once (``_checks``), allocates missing
-   ``out=`` buffers, and calls :func:`call`;
+   ``out=`` buffers, and calls :func:`call` with the op's name; composite ops (the DCP
+   merges, the prefill builder) call the ops they are made of the same way, after
+   validating their own arguments once;
 2. :func:`call` runs the implementation directly in eager mode (a few microseconds of
    host time) and goes through ``torch.ops.dsa_ext.<name>`` while ``torch.compile`` is
    tracing, so the op stays one opaque node with a fake implementation;
-3. the implementation turns tensors into descriptors (plain integers: pointer, sizes,
-   strides in elements) and calls ``dsa_ext._C``, which never sees libtorch.
+3. the implementation, declared below with :func:`op`, turns tensors into descriptors
+   (plain integers: pointer, sizes, strides in elements) and calls ``dsa_ext._C``, which
+   never sees libtorch.
+
+The declaration is the implementation's annotated signature: the torch schema is derived
+from it, and the C++ entry point takes the same parameters in the same order, under the
+same names (``py::arg`` in csrc/bindings.cpp), followed by the values the implementation
+derives (``derived=``) and the device and stream; tests/test_boundary.py checks that the
+two agree. Calls stay positional: a keyword call costs more than a microsecond per op.
 """
 from __future__ import annotations
 
+import inspect
+import typing
 from typing import Callable, Optional
 
 import torch
+
+from . import _C
+
+Tensor = torch.Tensor
 
 
 _LIB = torch.library.Library("dsa_ext", "DEF")
 
 _NO_DESC1 = (0, 0, 0)
+_NO_DESC2 = (0, 0, 0, 0, 0)
 
 
 def desc1(t: Optional[torch.Tensor]) -> tuple:
@@ -56,7 +73,7 @@ def desc4(t: torch.Tensor) -> tuple:
 
 def desc2_or_none(t: Optional[torch.Tensor]) -> tuple:
     """desc2 of t; all zeros when absent."""
-    return (0, 0, 0, 0, 0) if t is None else desc2(t)
+    return _NO_DESC2 if t is None else desc2(t)
 
 
 try:
@@ -83,27 +100,186 @@ def resolve_device(device) -> torch.device:
     return device
 
 
-def define(schema: str, impl: Callable, fake: Callable) -> Callable:
-    """Register ``torch.ops.dsa_ext.<name>`` for CPU and CUDA with a fake, return impl."""
-    name = schema.split("(", 1)[0]
-    _LIB.define(schema)
-    _LIB.impl(name, impl, "CPU")
-    _LIB.impl(name, impl, "CUDA")
-    torch.library.register_fake(f"dsa_ext::{name}", fake, lib=_LIB)
-    impl._dsa_op_name = name
-    return impl
+# ---------------------------------------------------------------------------------------
+# Declaring and calling ops
+# ---------------------------------------------------------------------------------------
+
+_SCHEMA_TYPES = {Tensor: "Tensor", Optional[Tensor]: "Tensor?", int: "int",
+                 Optional[int]: "int?", bool: "bool", float: "float"}
+
+#: name -> implementation, for :func:`call`; :data:`DERIVED`: name -> the extra
+#: values the implementation passes to the C++ entry point after the op's parameters.
+IMPLS: dict[str, Callable] = {}
+DERIVED: dict[str, tuple[str, ...]] = {}
+
+
+def schema_of(fn: Callable, mutates: tuple[str, ...]) -> str:
+    """The torch schema of an op implementation, from its annotated signature."""
+    hints = typing.get_type_hints(fn)
+    params = list(inspect.signature(fn).parameters)
+    unknown = set(mutates) - set(params)
+    if unknown:
+        raise TypeError(f"{fn.__name__}: mutates names no parameter: {sorted(unknown)}")
+    args, aliases = [], iter("abcdefghijklmnopqrstuvwxyz")
+    for name in params:
+        kind = _SCHEMA_TYPES[hints[name]]
+        if name in mutates:
+            if not kind.startswith("Tensor"):
+                raise TypeError(f"{fn.__name__}: mutated parameter {name} is not a tensor")
+            kind = kind.replace("Tensor", f"Tensor({next(aliases)}!)")
+        args.append(f"{kind} {name}")
+    return f"{fn.__name__}({', '.join(args)}) -> ()"
+
+
+def op(*, mutates: tuple[str, ...], derived: tuple[str, ...] = ()) -> Callable:
+    """Register the decorated implementation as ``torch.ops.dsa_ext.<its name>`` for CPU
+    and CUDA, with a fake that only declares the writes to ``mutates`` (every op writes
+    its out= buffers and returns nothing)."""
+    def register(fn: Callable) -> Callable:
+        name = fn.__name__
+        _LIB.define(schema_of(fn, mutates))
+        _LIB.impl(name, fn, "CPU")
+        _LIB.impl(name, fn, "CUDA")
+        torch.library.register_fake(f"dsa_ext::{name}", _no_result, lib=_LIB)
+        IMPLS[name] = fn
+        DERIVED[name] = derived
+        return fn
+    return register
+
+
+def _no_result(*args) -> None:
+    return None
 
 
 _is_compiling = getattr(torch.compiler, "is_compiling", lambda: False)
 
 
-def call(impl: Callable, *args):
-    """Run a registered op: directly in eager mode, through the dispatcher when tracing."""
+def call(name: str, *args):
+    """Run op `name`: directly in eager mode, through the dispatcher when tracing (`name`
+    is a constant, so the lookup traces on every torch version)."""
     if _is_compiling():
-        return getattr(torch.ops.dsa_ext, impl._dsa_op_name)(*args)
-    return impl(*args)
+        return getattr(torch.ops.dsa_ext, name)(*args)
+    return IMPLS[name](*args)
 
 
-def no_result(*args) -> None:
-    """Fake implementation of an op that only writes its out= buffers."""
-    return None
+# ---------------------------------------------------------------------------------------
+# The ops (docs/ops.md has their contracts)
+# ---------------------------------------------------------------------------------------
+
+
+@op(mutates=("out", "valid_counts"))
+def convert_req_index_to_global_index(
+        req_id: Tensor, block_table: Tensor, token_indices: Tensor, block_size: int,
+        block_stride: int, dcp_world_size: int, dcp_rank: int, interleave: int,
+        compact: bool, idx_mapping: Optional[Tensor], prefill_request_id: Optional[Tensor],
+        prefill_workspace_starts: Optional[Tensor], prefill_workspace_rank_stride: int,
+        out: Tensor, valid_counts: Optional[Tensor]) -> None:
+    device, stream = place(token_indices)
+    _C.convert_req_index_to_global_index(
+        desc1(req_id), desc2(block_table), desc2(token_indices), block_size, block_stride,
+        dcp_world_size, dcp_rank, interleave, compact, desc1(idx_mapping),
+        desc1(prefill_request_id), desc1(prefill_workspace_starts),
+        prefill_workspace_rank_stride, desc2(out), desc1(valid_counts), device, stream)
+
+
+@op(mutates=("out",), derived=("is_int64",))
+def dcp_local_seq_lens(seq_lens: Tensor, rank: Optional[int], world_size: int,
+                       interleave: int, out: Tensor) -> None:
+    n = seq_lens.numel()
+    cols = world_size if rank is None else 1
+    if out.dim() == 1 and rank is None:  # a 0-D length: one row of W columns
+        out_desc = (out.data_ptr(), 1, cols, 0, out.stride(0))
+    elif out.dim() == 1:
+        out_desc = (out.data_ptr(), n, 1, out.stride(0), 1)
+    elif out.dim() == 2 and rank is None:
+        out_desc = desc2(out)
+    else:
+        out_desc = desc2(out.view(n, cols))
+    device, stream = place(seq_lens)
+    _C.dcp_local_seq_lens(desc1(seq_lens.reshape(n)), -1 if rank is None else rank,
+                          world_size, interleave, out_desc, seq_lens.dtype == torch.int64,
+                          device, stream)
+
+
+@op(mutates=("decode_buffer", "decode_lens_buffer", "prefill_buffer"))
+def build_c128a_topk_metadata(
+        positions: Tensor, token_to_req: Tensor, block_table: Tensor, slot_mapping: Tensor,
+        decode_buffer: Tensor, decode_lens_buffer: Tensor, prefill_buffer: Tensor,
+        compress_ratio: int, block_size: int, num_decode_tokens: int, width: int) -> None:
+    T, Td = positions.shape[0], num_decode_tokens
+    device, stream = place(positions)
+    _C.build_c128a_topk_metadata(
+        desc1(positions), desc1(token_to_req), desc2(block_table), desc1(slot_mapping),
+        desc2_prefix(decode_buffer, Td, width), desc1_prefix(decode_lens_buffer, Td),
+        desc2_prefix(prefill_buffer, T - Td, width), compress_ratio, block_size, Td, width,
+        device, stream)
+
+
+@op(mutates=("global_lens", "local_lens", "row_map"))
+def expand_decode_seq_lens(
+        seq_lens: Tensor, num_reqs: int, query_start_loc: Optional[Tensor], next_n: int,
+        num_decode_tokens: int, compress_ratio: int, dcp_rank: Optional[int],
+        dcp_world_size: int, interleave: int, global_lens: Tensor,
+        local_lens: Optional[Tensor], row_map: Optional[Tensor]) -> None:
+    Td = num_decode_tokens
+    if local_lens is None:
+        local_desc = _NO_DESC2
+    elif local_lens.dim() == 1:
+        local_desc = (local_lens.data_ptr(), Td, 1, local_lens.stride(0), 1)
+    else:
+        local_desc = desc2_prefix(local_lens, Td, local_lens.shape[1])
+    device, stream = place(seq_lens)
+    _C.expand_decode_seq_lens(
+        desc1(seq_lens), num_reqs, desc1(query_start_loc), next_n, Td, compress_ratio,
+        -1 if dcp_rank is None else dcp_rank, dcp_world_size, interleave,
+        desc1_prefix(global_lens, Td), local_desc,
+        _NO_DESC1 if row_map is None else desc1_prefix(row_map, Td), device, stream)
+
+
+@op(mutates=("ks", "ke", "token_to_seq"))
+def prefill_chunk_bounds(
+        seq_lens: Tensor, query_start_loc: Tensor, row_starts: Tensor, token_start: int,
+        token_end: int, compress_ratio: int, dcp_rank: int, dcp_world_size: int,
+        interleave: int, ks: Tensor, ke: Tensor, token_to_seq: Tensor) -> None:
+    R = seq_lens.shape[0]
+    device, stream = place(seq_lens)
+    _C.prefill_chunk_bounds(
+        desc1(seq_lens), desc1_prefix(query_start_loc, R + 1), desc1_prefix(row_starts, R),
+        token_start, token_end, compress_ratio, dcp_rank, dcp_world_size, interleave,
+        desc1(ks), desc1(ke), desc1(token_to_seq), device, stream)
+
+
+@op(mutates=("out",))
+def pack_dcp_topk_candidates(logits: Tensor, topk_indices: Tensor, rank: int,
+                             world_size: int, interleave: int, row_starts: Optional[Tensor],
+                             out: Tensor) -> None:
+    device, stream = place(topk_indices)
+    _C.pack_dcp_topk_candidates(desc2(logits), desc2(topk_indices), rank, world_size,
+                                interleave, desc1(row_starts), desc2(out), device, stream)
+
+
+def _candidates_desc3(t: Tensor) -> tuple:
+    """desc3 of the candidates as [W, rows, K]; a 2-D [rows, N] input is W = 1."""
+    if t.dim() == 2:
+        return (t.data_ptr(), 1, t.shape[0], t.shape[1], 0, t.stride(0), t.stride(1))
+    return desc3(t)
+
+
+@op(mutates=("out",))
+def stable_topk_from_candidates(candidates: Tensor, out: Tensor, sorted: bool) -> None:
+    device, stream = place(candidates)
+    _C.stable_topk_from_candidates(_candidates_desc3(candidates), desc2(out), sorted, device,
+                                   stream)
+
+
+#: The element types correct_attention_output takes, as the C++ OutDtype values.
+ATTENTION_DTYPES = {torch.float32: 0, torch.bfloat16: 1}
+
+
+@op(mutates=("corrected", "global_lse"), derived=("out_dtype",))
+def correct_attention_output(partial: Tensor, lses: Tensor, rank: int, base2: bool,
+                             corrected: Tensor, global_lse: Optional[Tensor]) -> None:
+    device, stream = place(partial)
+    _C.correct_attention_output(desc3(partial), desc3(lses), rank, base2, desc4(corrected),
+                                desc2_or_none(global_lse), ATTENTION_DTYPES[partial.dtype],
+                                device, stream)

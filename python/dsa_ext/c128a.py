@@ -12,7 +12,7 @@ from typing import Optional
 
 import torch
 
-from . import _C, _checks, _native
+from . import _checks, _native
 
 Tensor = torch.Tensor
 
@@ -73,28 +73,6 @@ def c128a_topk_width(max_seq_len: int, capacity: int, compress_ratio: int = 128,
         raise ValueError(f"capacity ({capacity}) is too small: max_seq_len {max_seq_len} "
                          f"needs {needed} compressed columns (ratio {compress_ratio})")
     return width
-
-
-def _c128a_impl(positions: Tensor, token_to_req: Tensor, block_table: Tensor,
-                slot_mapping: Tensor, decode_buffer: Tensor, decode_lens_buffer: Tensor,
-                prefill_buffer: Tensor, compress_ratio: int, block_size: int,
-                num_decode_tokens: int, width: int) -> None:
-    T, Td = positions.shape[0], num_decode_tokens
-    device, stream = _native.place(positions)
-    _C.build_c128a_topk_metadata(
-        _native.desc1(positions), _native.desc1(token_to_req), _native.desc2(block_table),
-        _native.desc1(slot_mapping), _native.desc2_prefix(decode_buffer, Td, width),
-        _native.desc1_prefix(decode_lens_buffer, Td),
-        _native.desc2_prefix(prefill_buffer, T - Td, width),
-        compress_ratio, block_size, Td, width, device, stream)
-
-
-_c128a_op = _native.define(
-    "build_c128a_topk_metadata(Tensor positions, Tensor token_to_req, Tensor block_table, "
-    "Tensor slot_mapping, Tensor(a!) decode_buffer, Tensor(b!) decode_lens_buffer, "
-    "Tensor(c!) prefill_buffer, int compress_ratio, int block_size, int num_decode_tokens, "
-    "int width) -> ()",
-    _c128a_impl, _native.no_result)
 
 
 def build_c128a_topk_metadata(
@@ -161,8 +139,9 @@ def build_c128a_topk_metadata(
               block_size, slot_mapping, decode_buffer, decode_lens_buffer, prefill_buffer,
               width)
     Td, T = num_decode_tokens, positions.shape[0]
-    _native.call(_c128a_op, positions, token_to_req, block_table, slot_mapping, decode_buffer,
-                 decode_lens_buffer, prefill_buffer, compress_ratio, block_size, Td, width)
+    _native.call("build_c128a_topk_metadata", positions, token_to_req, block_table,
+                 slot_mapping, decode_buffer, decode_lens_buffer, prefill_buffer,
+                 compress_ratio, block_size, Td, width)
     return (decode_buffer[:Td, :width], decode_lens_buffer[:Td],
             prefill_buffer[:T - Td, :width])
 
@@ -247,8 +226,8 @@ class C128AMetadataBuilder:
         _validate(positions, self.compress_ratio, num_decode_tokens, token_to_req, block_table,
                   block_size, slot_mapping, *bufs, width)
         T, Td = positions.shape[0], num_decode_tokens
-        _native.call(_c128a_op, positions, token_to_req, block_table, slot_mapping, *bufs,
-                     self.compress_ratio, block_size, Td, width)
+        _native.call("build_c128a_topk_metadata", positions, token_to_req, block_table,
+                     slot_mapping, *bufs, self.compress_ratio, block_size, Td, width)
         key = (T, Td, width)
         views = self._views.get(key)
         if views is None:

@@ -1,7 +1,9 @@
-"""Decode context parallelism (DCP): rank-local lengths and the cross-rank merges.
+"""Decode context parallelism (DCP): the cross-rank merges (candidate packing and the
+exact global top-K, the attention output merge). Rank-local lengths are in
+:mod:`dsa_ext.seq_lens`.
 
 A request's KV cache is split over W ranks: position p lives on rank (p // I) % W
-(spec section 1).
+(docs/ops.md, DCP layout).
 """
 from __future__ import annotations
 
@@ -10,8 +12,8 @@ from typing import Callable, Optional
 
 import torch
 
-from . import _C, _checks, _native
-from .topk import stable_topk_from_candidates
+from . import _checks, _native
+from .topk import check_selection
 
 Tensor = torch.Tensor
 #: all_gather hook: (output [W * rows, ...], input [rows, ...]) -> None, rank-major.
@@ -20,105 +22,9 @@ AllGather = Callable[[Tensor, Tensor], None]
 ReduceScatter = Callable[[Tensor, Tensor], None]
 
 # ---------------------------------------------------------------------------------------
-# Rank-local lengths (spec section 1)
-# ---------------------------------------------------------------------------------------
-
-
-def _local_seq_lens_impl(seq_lens: torch.Tensor, rank: Optional[int], world_size: int,
-                         interleave: int, out: torch.Tensor) -> None:
-    n = seq_lens.numel()
-    cols = world_size if rank is None else 1
-    flat = seq_lens.reshape(n)
-    if out.dim() == 1 and rank is None:  # a 0-D length: one row of W columns
-        out_desc = (out.data_ptr(), 1, cols, 0, out.stride(0))
-    elif out.dim() == 1:
-        out_desc = (out.data_ptr(), n, 1, out.stride(0), 1)
-    elif out.dim() == 2 and rank is None:
-        out_desc = _native.desc2(out)
-    else:
-        out_desc = _native.desc2(out.view(n, cols))
-    device, stream = _native.place(seq_lens)
-    _C.dcp_local_seq_lens(_native.desc1(flat), out_desc, seq_lens.dtype == torch.int64,
-                          -1 if rank is None else rank, world_size, interleave, device, stream)
-
-
-_local_seq_lens_op = _native.define(
-    "dcp_local_seq_lens(Tensor seq_lens, int? rank, int world_size, int interleave, "
-    "Tensor(a!) out) -> ()",
-    _local_seq_lens_impl, _native.no_result)
-
-
-def local_seq_lens(seq_lens: torch.Tensor, rank: Optional[int], world_size: int,
-                   interleave: int = 1, *, out: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Number of positions in ``[0, L)`` that DCP rank ``rank`` owns, for every length L.
-
-    Per element, with W = ``world_size`` and I = ``interleave``::
-
-        base  = (L // (I*W)) * I
-        local = base + clamp(L - base*W - rank*I, 0, I)
-
-    Localize per-token lengths only after expanding them per token: the local length of
-    a difference is not the difference of local lengths (spec section 1: W=2, rank 1,
-    bounds [8, 9, 10] -> [4, 4, 5], while localizing 10 -> 5 first gives [3, 4, 5]).
-    W = 1 returns the lengths unchanged for any I.
-
-    Args:
-        seq_lens: int32 or int64 lengths (>= 0), any shape, CPU or CUDA.
-        rank: the rank, ``0 <= rank < world_size``; ``None`` for every rank at once.
-        world_size: W >= 1.
-        interleave: I >= 1 (``cp_kv_cache_interleave_size``).
-        out: optional buffer of ``seq_lens``'s dtype and shape (``rank=None``: shape
-            ``seq_lens.shape + (W,)``); with it nothing is allocated, nothing is read back
-            and the call is CUDA-graph capturable. A multi-dimensional ``out`` must be
-            contiguous.
-
-    Returns:
-        ``out``: ``seq_lens.shape`` for one rank, ``seq_lens.shape + (W,)`` for
-        ``rank=None`` (column r = rank r).
-
-    Raises:
-        TypeError for a non-integer dtype; ValueError naming the argument for W < 1,
-        I < 1, rank outside [0, W), a wrong ``out`` shape or device.
-
-    Example::
-
-        >>> dsa_ext.dcp.local_seq_lens(torch.tensor([8, 9, 10]), 1, 2)
-        tensor([4, 4, 5])
-        >>> dsa_ext.dcp.local_seq_lens(torch.tensor([5]), None, 2, 2)
-        tensor([[3, 2]])
-    """
-    _checks.int_tensor("seq_lens", seq_lens)
-    _checks.dcp_layout(world_size, rank, interleave, names=("world_size", "rank", "interleave"),
-                       all_ranks=True)
-    shape = tuple(seq_lens.shape) + ((world_size,) if rank is None else ())
-    if out is None:
-        out = torch.empty(shape, dtype=seq_lens.dtype, device=seq_lens.device)
-    else:
-        _checks.tensor("out", out, seq_lens.dtype, None, seq_lens.device)
-        _checks.shape("out", out, shape)
-        if out.dim() > 1 and not (rank is None and out.dim() == 2) and not out.is_contiguous():
-            raise ValueError("out must be contiguous when it has more than one dimension")
-    _native.call(_local_seq_lens_op, seq_lens, rank, world_size, interleave, out)
-    return out
-
-# ---------------------------------------------------------------------------------------
 # Spec 6: exact global top-K across DCP ranks
 # (candidate packing, all-gather, stable top-K of the gathered candidates)
 # ---------------------------------------------------------------------------------------
-
-
-def _pack_impl(logits: Tensor, topk_indices: Tensor, rank: int, world_size: int,
-               interleave: int, row_starts: Optional[Tensor], out: Tensor) -> None:
-    device, stream = _native.place(topk_indices)
-    _C.pack_dcp_topk_candidates(
-        _native.desc2(logits), _native.desc2(topk_indices), _native.desc1(row_starts),
-        rank, world_size, interleave, _native.desc2(out), device, stream)
-
-
-_pack_op = _native.define(
-    "pack_dcp_topk_candidates(Tensor logits, Tensor topk_indices, int rank, "
-    "int world_size, int interleave, Tensor? row_starts, Tensor(a!) out) -> ()",
-    _pack_impl, _native.no_result)
 
 
 def pack_dcp_topk_candidates(
@@ -170,24 +76,32 @@ def pack_dcp_topk_candidates(
         tensor([[ 3,  1, -1]], dtype=torch.int32)
     """
     _checks.tensor("topk_indices", topk_indices, torch.int32, 2)
-    device = topk_indices.device
-    _checks.tensor("logits", logits, torch.float32, 2, device)
-    rows, K = topk_indices.shape
-    if logits.shape[0] != rows:
-        raise ValueError(f"logits must have {rows} rows like topk_indices, "
-                         f"got shape {tuple(logits.shape)}")
+    _check_pack_inputs(logits, topk_indices, row_starts)
     _checks.dcp_layout(world_size, rank, interleave, names=("world_size", "rank", "interleave"))
-    if row_starts is not None:
-        _checks.tensor("row_starts", row_starts, torch.int32, 1, device)
-        _checks.shape("row_starts", row_starts, (rows,))
+    rows, K = topk_indices.shape
+    device = topk_indices.device
     if out is None:
         out = torch.empty((rows, K), dtype=torch.int64, device=device)
     else:
         _checks.tensor("out", out, torch.int64, 2, device)
         _checks.shape("out", out, (rows, K))
-    _native.call(_pack_op, logits, topk_indices, rank, world_size, interleave, row_starts,
-                 out)
+    _native.call("pack_dcp_topk_candidates", logits, topk_indices, rank, world_size,
+                 interleave, row_starts, out)
     return out
+
+
+def _check_pack_inputs(logits: Tensor, topk_indices: Tensor,
+                       row_starts: Optional[Tensor]) -> None:
+    """logits and row_starts against an already checked int32 [rows, K] topk_indices."""
+    device = topk_indices.device
+    _checks.tensor("logits", logits, torch.float32, 2, device)
+    rows = topk_indices.shape[0]
+    if logits.shape[0] != rows:
+        raise ValueError(f"logits must have {rows} rows like topk_indices, "
+                         f"got shape {tuple(logits.shape)}")
+    if row_starts is not None:
+        _checks.tensor("row_starts", row_starts, torch.int32, 1, device)
+        _checks.shape("row_starts", row_starts, (rows,))
 
 
 def _check_exchange(group, hook, hook_name: str, rank: int, world_size: int) -> None:
@@ -332,6 +246,11 @@ def merge_topk_global(
     _checks.dcp_layout(world_size, rank, interleave, names=("world_size", "rank", "interleave"))
     if world_size == 1:
         return topk_indices
+    # Everything the packing and the top-K need is checked here, before the collective:
+    # no rank may fail (and stall the others) after it.
+    _check_pack_inputs(logits, topk_indices, row_starts)
+    rows = topk_indices.shape[0]
+    check_selection(topk_indices.device, (world_size, rows, K), world_size * K, k, sorted)
     _check_exchange(group, all_gather, "all_gather", rank, world_size)
     return _merge_topk(logits, topk_indices, k, rank, world_size, interleave, group,
                        all_gather, row_starts, sorted)
@@ -341,12 +260,13 @@ def _merge_topk(logits, topk_indices, k, rank, world_size, interleave, group, al
                 row_starts, sorted=False) -> Tensor:
     """merge_topk_global after validation, for any world size (W = 1 included)."""
     rows, K = topk_indices.shape
-    packed = pack_dcp_topk_candidates(logits, topk_indices, rank, world_size, interleave,
-                                      row_starts)
+    packed = torch.empty((rows, K), dtype=torch.int64, device=topk_indices.device)
+    _native.call("pack_dcp_topk_candidates", logits, topk_indices, rank, world_size,
+                 interleave, row_starts, packed)
     gathered = torch.empty((world_size, rows, K), dtype=torch.int64,
                            device=topk_indices.device)
     all_gather_into(gathered.view(world_size * rows, K), packed, group, all_gather)
-    stable_topk_from_candidates(gathered, k, out=topk_indices[:, :k], sorted=sorted)
+    _native.call("stable_topk_from_candidates", gathered, topk_indices[:, :k], sorted)
     if k < K:
         topk_indices[:, k:].fill_(-1)
     return topk_indices
@@ -357,7 +277,6 @@ def _merge_topk(logits, topk_indices, k, rank, world_size, interleave, group, al
 # ---------------------------------------------------------------------------------------
 
 _LN2 = math.log(2.0)
-_OUT_DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 
 
 def _lse_base(name: str, base) -> bool:
@@ -413,20 +332,6 @@ def normalize_lse(lse: Tensor, num_tokens: int, num_heads: int, *,
     return out * _LN2 if base2 else out
 
 
-def _correct_impl(partial: Tensor, lses: Tensor, rank: int, base2: bool, corrected: Tensor,
-                  global_lse: Optional[Tensor]) -> None:
-    device, stream = _native.place(partial)
-    _C.correct_attention_output(
-        _native.desc3(partial), _native.desc3(lses), rank, base2, _native.desc4(corrected),
-        _native.desc2_or_none(global_lse), _OUT_DTYPES[partial.dtype], device, stream)
-
-
-_correct_op = _native.define(
-    "correct_attention_output(Tensor partial, Tensor lses, int rank, bool base2, "
-    "Tensor(a!) corrected, Tensor(b!)? global_lse) -> ()",
-    _correct_impl, _native.no_result)
-
-
 def correct_attention_output(
     out: Tensor,
     lses: Tensor,
@@ -468,7 +373,7 @@ def correct_attention_output(
         ...     1, global_lse=torch.empty(1, 2))          # c == 0, g == 0
     """
     _checks.tensor("out", out, ndim=3)
-    if out.dtype not in _OUT_DTYPES:
+    if out.dtype not in _native.ATTENTION_DTYPES:
         raise TypeError(f"out must be float32 or bfloat16, got {out.dtype}")
     device = out.device
     _checks.tensor("lses", lses, torch.float32, 3, device)
@@ -490,7 +395,7 @@ def correct_attention_output(
     if global_lse is not None:
         _checks.tensor("global_lse", global_lse, torch.float32, 2, device)
         _checks.shape("global_lse", global_lse, (B, H))
-    _native.call(_correct_op, out, lses, rank, base2, corrected, global_lse)
+    _native.call("correct_attention_output", out, lses, rank, base2, corrected, global_lse)
     return corrected, global_lse
 
 
@@ -539,7 +444,7 @@ def merge_attention_outputs(
         ...                                     group=dcp_group)   # [B, H/W, D]
     """
     _checks.tensor("out", out, ndim=3)
-    if out.dtype not in _OUT_DTYPES:  # checked before any collective: no rank may stall
+    if out.dtype not in _native.ATTENTION_DTYPES:  # before any collective: no rank stalls
         raise TypeError(f"out must be float32 or bfloat16, got {out.dtype}")
     _lse_base("lse_base", lse_base)
     _checks.tensor("lse", lse, torch.float32, 2, out.device)
@@ -569,8 +474,9 @@ def _merge_attention(out, lse, rank, world_size, group, lse_base, return_lse, al
     all_gather_into(lses.view(world_size * B, H), lse.contiguous(), group, all_gather)
     global_lse = torch.empty((B, H), dtype=torch.float32, device=out.device) \
         if return_lse else None
-    corrected, _ = correct_attention_output(out, lses, rank, lse_base=lse_base,
-                                            global_lse=global_lse)
+    corrected = torch.empty((world_size, B, Hl, D), dtype=out.dtype, device=out.device)
+    _native.call("correct_attention_output", out, lses, rank, _lse_base("lse_base", lse_base),
+                 corrected, global_lse)
     merged = torch.empty((B, Hl, D), dtype=out.dtype, device=out.device)
     reduce_scatter_into(merged, corrected.view(world_size * B, Hl, D), group, reduce_scatter)
     if return_lse:

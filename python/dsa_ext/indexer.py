@@ -1,5 +1,6 @@
-"""Indexer metadata on device (spec sections 4 and 5): decode paths for speculative
-decoding, per-token context lengths, DCP localization, prefill chunks, paged MQA logits.
+"""Indexer metadata (docs/ops.md: decode context lengths, prefill chunks): the decode-path
+table for speculative decoding, the prefill chunk planner and the builder that owns the
+capacity buffers. The device ops it runs are in :mod:`dsa_ext.seq_lens`.
 
 Every device step here is a dsa_ext op (CPU + CUDA, bit-identical) or plain torch work on
 device tensors: nothing reads device data back to the host, so a decode build is
@@ -14,9 +15,8 @@ from typing import Optional, Sequence
 
 import torch
 
-from . import _C, _checks, _native
-from .reference import dcp_local_length  # the spec formula, for host-side sizes
-from .dcp import local_seq_lens
+from . import _checks, _native, mqa_logits
+from .seq_lens import host_local_length
 
 Tensor = torch.Tensor
 logger = logging.getLogger("dsa_ext")
@@ -91,243 +91,6 @@ def decode_path(capability_major_minor: Sequence[int], next_n: int,
 
 
 # ---------------------------------------------------------------------------------------
-# Device op: per-token decode context lengths
-# ---------------------------------------------------------------------------------------
-
-
-def _expand_impl(seq_lens: Tensor, num_reqs: int, query_start_loc: Optional[Tensor], next_n: int,
-                 num_decode_tokens: int, compress_ratio: int, dcp_rank: Optional[int],
-                 dcp_world_size: int, interleave: int, global_lens: Tensor,
-                 local_lens: Optional[Tensor], row_map: Optional[Tensor]) -> None:
-    Td = num_decode_tokens
-    if local_lens is None:
-        local_desc = (0, 0, 0, 0, 0)
-    elif local_lens.dim() == 1:
-        local_desc = (local_lens.data_ptr(), Td, 1, local_lens.stride(0), 1)
-    else:
-        local_desc = _native.desc2_prefix(local_lens, Td, local_lens.shape[1])
-    row_map_desc = (0, 0, 0) if row_map is None else _native.desc1_prefix(row_map, Td)
-    device, stream = _native.place(seq_lens)
-    _C.expand_decode_seq_lens(
-        _native.desc1_prefix(seq_lens, num_reqs), _native.desc1(query_start_loc), next_n, Td,
-        compress_ratio,
-        -1 if dcp_rank is None else dcp_rank, dcp_world_size, interleave,
-        _native.desc1_prefix(global_lens, Td), local_desc, row_map_desc,
-        device, stream)
-
-
-_expand_op = _native.define(
-    "expand_decode_seq_lens(Tensor seq_lens, int num_reqs, Tensor? query_start_loc, int next_n, "
-    "int num_decode_tokens, int compress_ratio, int? dcp_rank, int dcp_world_size, "
-    "int interleave, Tensor(a!) global_lens, Tensor(b!)? local_lens, Tensor(c!)? row_map) -> ()",
-    _expand_impl, _native.no_result)
-
-
-def _buffer(name: str, buf: Optional[Tensor], rows: int, cols: Optional[int], device):
-    """A given int32 buffer with >= rows rows (and `cols` columns), or a new one."""
-    shape = (rows,) if cols is None else (rows, cols)
-    if buf is None:
-        return torch.empty(shape, dtype=torch.int32, device=device)
-    _checks.tensor(name, buf, torch.int32, len(shape), device)
-    _checks.dim_at_least(name, buf, 0, rows)
-    if cols is not None and buf.shape[1] != cols:
-        raise ValueError(f"{name} must have {cols} columns, got shape {tuple(buf.shape)}")
-    return buf
-
-
-def decode_context_lens(
-    seq_lens: Tensor,
-    num_decode_tokens: int,
-    *,
-    next_n: Optional[int] = None,
-    query_start_loc: Optional[Tensor] = None,
-    compress_ratio: int = 1,
-    dcp_world_size: int = 1,
-    dcp_rank: Optional[int] = 0,
-    interleave: int = 1,
-    out: Optional[Tensor] = None,
-    local_out: Optional[Tensor] = None,
-    row_map_out: Optional[Tensor] = None,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Per-token context lengths of a decode batch, DCP-localized after expansion.
-
-    Uniform batch (``next_n`` given, every request has ``next_n`` query tokens): token
-    ``t = b * next_n + j`` sees ``max(S[b] - next_n + j + 1, 0)`` positions. Ragged batch
-    (``query_start_loc`` given): token ``t`` of request ``b`` (``qsl[b] <= t < qsl[b+1]``,
-    found on device by binary search) sees ``max(S[b] - dlen[b] - qsl[b] + t + 1, 0)``,
-    ``dlen[b] = qsl[b+1] - qsl[b]``. Then ``len //= compress_ratio``; the local length is
-    the section-1 local length of that per-token length. A token outside every request
-    (``t >= B * next_n``, ``t >= qsl[B]``) gets length 0 and row map -1; a padding
-    request (S = 0) gives 0.
-
-    Args:
-        seq_lens: int32 ``[B]`` sequence lengths (query tokens included).
-        num_decode_tokens: host int ``Td`` (the caller knows it; nothing is read back).
-        next_n: tokens per request of a uniform batch.
-        query_start_loc: int32 ``[>= B + 1]`` for a ragged batch (then ``next_n`` unused).
-        compress_ratio: ``>= 1``.
-        dcp_world_size, dcp_rank, interleave: DCP layout; ``dcp_rank=None`` gives the
-            local lengths of every rank (a trailing dimension of size W).
-        out, local_out, row_map_out: optional int32 buffers with ``>= Td`` rows
-            (``local_out``: ``[>= Td, W]`` for ``dcp_rank=None``); their first ``Td`` rows
-            are written and views of them returned (capacity buffers: graph capturable).
-
-    Returns:
-        ``(global int32 [Td], local int32 [Td] or [Td, W], row_map int32 [Td])``;
-        ``row_map[t]`` is token t's request (its block-table row), -1 for none. With
-        ``next_n`` these reshape to the native ``[B, next_n]`` layout.
-
-    Example::
-
-        >>> S = torch.tensor([10, 7, 12, 0], dtype=torch.int32)
-        >>> qsl = torch.tensor([0, 3, 4, 8, 8], dtype=torch.int32)
-        >>> decode_context_lens(S, 8, query_start_loc=qsl)[0].tolist()
-        [8, 9, 10, 7, 9, 10, 11, 12]
-    """
-    _checks.tensor("seq_lens", seq_lens, torch.int32, 1)
-    device = seq_lens.device
-    B = seq_lens.shape[0]
-    _checks.integer("num_decode_tokens", num_decode_tokens, 0)
-    if (next_n is None) == (query_start_loc is None):
-        raise ValueError("give exactly one of next_n (uniform batch) and query_start_loc "
-                         "(ragged batch)")
-    if next_n is not None:
-        _checks.integer("next_n", next_n, 1)
-    else:
-        _checks.tensor("query_start_loc", query_start_loc, torch.int32, 1, device)
-        _checks.same_length("query_start_loc", query_start_loc, "seq_lens plus one", B + 1,
-                            at_least=True)
-    _checks.integer("compress_ratio", compress_ratio, 1)
-    _checks.dcp_layout(dcp_world_size, dcp_rank, interleave, all_ranks=True)
-    Td = num_decode_tokens
-    out = _buffer("out", out, Td, None, device)
-    local_out = _buffer("local_out", local_out, Td,
-                        dcp_world_size if dcp_rank is None else None, device)
-    row_map_out = _buffer("row_map_out", row_map_out, Td, None, device)
-    _native.call(_expand_op, seq_lens, B, query_start_loc, next_n or 1, Td, compress_ratio,
-                 dcp_rank, dcp_world_size, interleave, out, local_out, row_map_out)
-    return out[:Td], local_out[:Td], row_map_out[:Td]
-
-
-def decode_row_ends(seq_lens: Tensor, next_n: int, *, out: Optional[Tensor] = None) -> Tensor:
-    """Top-k row bounds after the logits of a uniform decode batch (one device op)::
-
-        row_end[i] = max(S[i // next_n] - next_n + i % next_n + 1, 0)    i < B * next_n
-
-    Args:
-        seq_lens: int32 ``[B]``. next_n: ``>= 1``. out: optional int32 ``[>= B*next_n]``
-            (with it nothing is allocated).
-
-    Returns:
-        int32 ``[B * next_n]`` (a view of ``out`` when given).
-
-    Example::
-
-        >>> decode_row_ends(torch.tensor([10, 5], dtype=torch.int32), 2).tolist()
-        [9, 10, 4, 5]
-    """
-    _checks.tensor("seq_lens", seq_lens, torch.int32, 1)
-    _checks.integer("next_n", next_n, 1)
-    B = seq_lens.shape[0]
-    Td = B * next_n
-    out = _buffer("out", out, Td, None, seq_lens.device)
-    _native.call(_expand_op, seq_lens, B, None, next_n, Td, 1, 0, 1, 1, out, None, None)
-    return out[:Td]
-
-
-# ---------------------------------------------------------------------------------------
-# Device op: prefill chunk bounds
-# ---------------------------------------------------------------------------------------
-
-
-def _prefill_bounds_impl(seq_lens: Tensor, query_start_loc: Tensor, row_starts: Tensor,
-                         token_start: int, token_end: int, compress_ratio: int, dcp_rank: int,
-                         dcp_world_size: int, interleave: int, ks: Tensor, ke: Tensor,
-                         token_to_seq: Tensor) -> None:
-    device, stream = _native.place(seq_lens)
-    _C.prefill_chunk_bounds(
-        _native.desc1(seq_lens), _native.desc1(query_start_loc), _native.desc1(row_starts),
-        token_start, token_end - token_start, compress_ratio, dcp_rank, dcp_world_size,
-        interleave, _native.desc1(ks), _native.desc1(ke), _native.desc1(token_to_seq),
-        device, stream)
-
-
-_prefill_bounds_op = _native.define(
-    "prefill_chunk_bounds(Tensor seq_lens, Tensor query_start_loc, Tensor row_starts, "
-    "int token_start, int token_end, int compress_ratio, int dcp_rank, int dcp_world_size, "
-    "int interleave, Tensor(a!) ks, Tensor(b!) ke, Tensor(c!) token_to_seq) -> ()",
-    _prefill_bounds_impl, _native.no_result)
-
-
-def prefill_chunk_bounds(
-    seq_lens: Tensor,
-    query_start_loc: Tensor,
-    row_starts: Tensor,
-    token_start: int,
-    token_end: int,
-    *,
-    compress_ratio: int = 1,
-    dcp_world_size: int = 1,
-    dcp_rank: int = 0,
-    interleave: int = 1,
-    ks: Optional[Tensor] = None,
-    ke: Optional[Tensor] = None,
-    token_to_seq: Optional[Tensor] = None,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Per-token logits column bounds ``[ks, ke)`` of a prefill chunk (spec section 5).
-
-    For flat token ``g`` in ``[token_start, token_end)`` of request ``b``
-    (``qsl[b] <= g < qsl[b+1]``, binary search on device), ``o = g - qsl[b]``::
-
-        ks = row_starts[b]
-        ke = row_starts[b] + local((S[b] - (qsl[b+1] - qsl[b]) + 1 + o) // compress_ratio)
-        token_to_seq = b
-
-    ``local`` is the DCP local length (identity for W = 1). A token in no request gets
-    ``ks = ke = 0`` and ``token_to_seq = -1``.
-
-    Args:
-        seq_lens: int32 ``[R]`` of the chunk's requests.
-        query_start_loc: int32 ``[>= R + 1]`` flat token starts of those requests.
-        row_starts: int32 ``[>= R]``: where each request's (rank-local, compressed) KV
-            starts in the chunk's gathered KV (``local_cu_seq_lens[:-1]``).
-        token_start, token_end: host ints, the chunk's flat token range.
-        ks, ke, token_to_seq: optional int32 ``[token_end - token_start]`` outputs.
-
-    Returns:
-        ``(ks, ke, token_to_seq)``, int32 ``[token_end - token_start]`` each.
-
-    Example::
-
-        >>> prefill_chunk_bounds(torch.tensor([8], dtype=torch.int32),
-        ...     torch.tensor([0, 8], dtype=torch.int32), torch.zeros(1, dtype=torch.int32),
-        ...     0, 8, dcp_world_size=4)[1].tolist()
-        [1, 1, 1, 1, 2, 2, 2, 2]
-    """
-    _checks.tensor("seq_lens", seq_lens, torch.int32, 1)
-    device = seq_lens.device
-    R = seq_lens.shape[0]
-    _checks.tensor("query_start_loc", query_start_loc, torch.int32, 1, device)
-    _checks.same_length("query_start_loc", query_start_loc, "seq_lens plus one", R + 1, True)
-    _checks.tensor("row_starts", row_starts, torch.int32, 1, device)
-    _checks.same_length("row_starts", row_starts, "seq_lens", R, True)
-    _checks.integer("token_start", token_start, 0)
-    _checks.integer("token_end", token_end, token_start)
-    _checks.integer("compress_ratio", compress_ratio, 1)
-    _checks.dcp_layout(dcp_world_size, dcp_rank, interleave)
-    n = token_end - token_start
-    outs = []
-    for name, buf in (("ks", ks), ("ke", ke), ("token_to_seq", token_to_seq)):
-        buf = _buffer(name, buf, n, None, device)
-        _checks.shape(name, buf, (n,))
-        outs.append(buf)
-    _native.call(_prefill_bounds_op, seq_lens, query_start_loc[:R + 1], row_starts[:R],
-                 token_start, token_end, compress_ratio, dcp_rank, dcp_world_size, interleave,
-                 *outs)
-    return tuple(outs)
-
-
-# ---------------------------------------------------------------------------------------
 # Prefill chunking (host: works on the one host copy of the sizes)
 # ---------------------------------------------------------------------------------------
 
@@ -372,7 +135,7 @@ def plan_prefill_chunks(seq_lens: Sequence[int], query_start_loc: Sequence[int],
                                           query_start_loc[end], False))
 
     for b in range(P):
-        kv = dcp_local_length(seq_lens[b] // compress_ratio, 0, W, I)
+        kv = host_local_length(seq_lens[b] // compress_ratio, 0, W, I)
         q = query_start_loc[b + 1] - query_start_loc[b]
         if kv > max_kv_workspace:
             raise ValueError(f"max_kv_workspace ({max_kv_workspace}) must hold the KV of "
@@ -434,7 +197,6 @@ class DecodeMetadata:
     context_lens: Tensor          # int32, see above
     global_context_lens: Tensor   # int32, same layout
     seq_lens_per_token: Tensor    # int32 [Td], global (the LSE merge needs them)
-    local_seq_lens_per_token: Tensor  # int32 [Td]
     row_ends: Tensor              # int32 [Td]: top-k bounds over this rank's logits columns
     row_map: Tensor               # int32 [Td]: block-table row of each token (-1: none)
     block_table: Tensor           # native: table[:B]; flatten: table, or materialized rows
@@ -511,12 +273,11 @@ class IndexerMetadataBuilder:
             self._table = torch.zeros(cap, -(-max_model_len // block_size), **i32)
         self._dg = None
         if deep_gemm_schedule:
-            self._dg = _deep_gemm() if self.device.type == "cuda" else None
+            self._dg = mqa_logits.deep_gemm() if self.device.type == "cuda" else None
             if self._dg is None:
                 raise ValueError("deep_gemm_schedule=True needs a CUDA device and deep_gemm "
                                  "with get_paged_mqa_logits_metadata")
-        self._num_sms = (torch.cuda.get_device_properties(self.device).multi_processor_count
-                         if self._dg is not None else 0)
+        self._num_sms = mqa_logits.num_sms(self.device) if self._dg is not None else 0
 
     # -- decode ------------------------------------------------------------------------
 
@@ -553,7 +314,7 @@ class IndexerMetadataBuilder:
                                 B + 1, at_least=True)
         # One launch: global and local per-token lengths and the row map, into the
         # capacity buffers (the views below are cached: slicing costs host time).
-        _native.call(_expand_op, seq_lens, B, query_start_loc, n, Td, self.compress_ratio,
+        _native.call("expand_decode_seq_lens", seq_lens, B, query_start_loc, n, Td, self.compress_ratio,
                      self.rank, self.world, self.interleave, self._global, self._local,
                      self._row_map)
         native = uniform and self.path == "native"
@@ -572,7 +333,7 @@ class IndexerMetadataBuilder:
         return DecodeMetadata(
             path="native" if native else "flatten", next_n=n, num_reqs=B, num_tokens=Td,
             context_lens=local_2d, global_context_lens=glob_2d, seq_lens_per_token=glob,
-            local_seq_lens_per_token=local, row_ends=local, row_map=row_map,
+            row_ends=local, row_map=row_map,
             block_table=table, block_table_is_per_token=per_token,
             max_context_len=self.max_context_len, schedule_metadata=schedule)
 
@@ -617,22 +378,29 @@ class IndexerMetadataBuilder:
         if len(S) != P or len(qsl) != P + 1:
             raise ValueError("seq_lens_cpu / query_start_loc_cpu must have P and P + 1 "
                              f"entries like seq_lens (P = {P})")
+        if qsl[0] < 0 or any(b < a for a, b in zip(qsl, qsl[1:])):
+            raise ValueError("query_start_loc must be >= 0 and non-decreasing, got "
+                             f"{qsl}")
         W, r, I, ratio = self.world, self.rank, self.interleave, self.compress_ratio
         plans = plan_prefill_chunks(S, qsl, max_kv_workspace=self.max_kv_workspace,
                                     max_logits_bytes=self.max_logits_bytes,
                                     compress_ratio=ratio, dcp_world_size=W, interleave=I)
         chunks = []
+        i32 = dict(dtype=torch.int32, device=self.device)
         for p in plans:
+            # The arguments were checked above: the chunk's ops are called directly.
             s_dev = seq_lens[p.req_start:p.req_end]
             kv = torch.div(s_dev, ratio, rounding_mode="floor")
-            local_kv = local_seq_lens(kv, r, W, I)
-            zero = torch.zeros(1, dtype=torch.int32, device=self.device)
+            local_kv = torch.empty_like(kv)
+            _native.call("dcp_local_seq_lens", kv, r, W, I, local_kv)
+            zero = torch.zeros(1, **i32)
             cu = torch.cat([zero, kv.cumsum(0, dtype=torch.int32)])
             local_cu = torch.cat([zero, local_kv.cumsum(0, dtype=torch.int32)])
-            ks, ke, tts = prefill_chunk_bounds(
-                s_dev, query_start_loc[p.req_start:p.req_end + 1], local_cu, p.token_start,
-                p.token_end, compress_ratio=ratio, dcp_world_size=W, dcp_rank=r,
-                interleave=I)
+            n = p.token_end - p.token_start
+            ks, ke, tts = torch.empty(n, **i32), torch.empty(n, **i32), torch.empty(n, **i32)
+            _native.call("prefill_chunk_bounds", s_dev,
+                         query_start_loc[p.req_start:p.req_end + 1], local_cu, p.token_start,
+                         p.token_end, ratio, r, W, I, ks, ke, tts)
             kv_host = [s // ratio for s in S[p.req_start:p.req_end]]
             chunks.append(PrefillChunkMetadata(
                 req_start=p.req_start, req_end=p.req_end, num_reqs=p.req_end - p.req_start,
@@ -640,86 +408,7 @@ class IndexerMetadataBuilder:
                 skip_kv_gather=p.skip_kv_gather, cu_seqlen_ks=ks, cu_seqlen_ke=ke,
                 token_to_seq=tts, cu_seq_lens=cu, local_cu_seq_lens=local_cu,
                 total_seq_lens=sum(kv_host),
-                local_total_seq_lens=sum(dcp_local_length(k, r, W, I) for k in kv_host),
-                max_local_total_seq_lens=max(sum(dcp_local_length(k, rr, W, I) for k in kv_host)
-                                             for rr in range(W))))
+                local_total_seq_lens=sum(host_local_length(k, r, W, I) for k in kv_host),
+                max_local_total_seq_lens=max(
+                    sum(host_local_length(k, rr, W, I) for k in kv_host) for rr in range(W))))
         return chunks
-
-
-# ---------------------------------------------------------------------------------------
-# Paged MQA logits: DeepGEMM when present, else plain torch
-# ---------------------------------------------------------------------------------------
-
-
-def _deep_gemm():
-    try:
-        import deep_gemm  # noqa: PLC0415
-    except Exception:  # noqa: BLE001 - absent or broken: use the torch fallback
-        return None
-    if hasattr(deep_gemm, "fp8_paged_mqa_logits") and hasattr(
-            deep_gemm, "get_paged_mqa_logits_metadata"):
-        return deep_gemm
-    return None
-
-
-def paged_mqa_logits(q: Tensor, kv_cache: Tensor, kv_scale: Optional[Tensor], weights: Tensor,
-                     context_lens: Tensor, block_table: Tensor, max_context_len: int, *,
-                     row_map: Optional[Tensor] = None,
-                     schedule_metadata: Optional[Tensor] = None,
-                     use_deep_gemm: Optional[bool] = None) -> Tensor:
-    """Indexer logits over a paged KV cache, for native or flattened decode batches.
-
-    Shapes: ``N`` query groups of ``n`` tokens (native: ``N = B``, ``n = next_n``;
-    flattened: ``N = B * next_n``, ``n = 1``), ``H`` heads, head dim ``D``::
-
-        q            [N, n, H, D]    fp8 (float8_e4m3fn) or fp32/bf16
-        kv_cache     [num_blocks, block_size, D]  same kinds; kv_scale [num_blocks, block_size]
-                     fp32 per-token scale (None = 1)
-        weights      [N * n, H]      fp32 per-head weights
-        context_lens [N, n]          int32 (what :class:`IndexerMetadataBuilder` returns)
-        block_table  [R, NB]         int32; the table row of group g is ``row_map[g]``
-                                     when ``row_map`` is given, else ``g``
-
-    Output ``logits`` fp32 ``[N * n, max_context_len]``; row ``i = g * n + j``::
-
-        logits[i, p] = sum_h relu(q[g, j, h] . k[p] * kv_scale[p]) * weights[i, h]  p < ctx
-                     = -inf                                                         p >= ctx
-        with k[p] = kv_cache[block_table[row, p // block_size], p % block_size],
-        ctx = context_lens[g, j].
-
-    Both layouts of one batch give identical logits row for row. With DeepGEMM installed
-    (``fp8_paged_mqa_logits``, fp8 inputs, CUDA) it is called instead; it needs
-    ``kv_cache`` in its packed ``[num_blocks, block_size, 1, D + 4]`` uint8 layout and a
-    per-token table, so a row map is materialized for it.
-    """
-    N, n, H, D = q.shape
-    _checks.shape("context_lens", context_lens, (N, n))
-    _checks.shape("weights", weights, (N * n, H))
-    dg = _deep_gemm() if use_deep_gemm is not False else None
-    if dg is not None and q.is_cuda and kv_cache.dim() == 4:
-        table = block_table if row_map is None else block_table[row_map.clamp(min=0).long()]
-        if schedule_metadata is None:
-            schedule_metadata = dg.get_paged_mqa_logits_metadata(
-                context_lens, kv_cache.shape[1],
-                torch.cuda.get_device_properties(q.device).multi_processor_count)
-        return dg.fp8_paged_mqa_logits(q, kv_cache, weights, context_lens, table,
-                                       schedule_metadata, max_context_len, clean_logits=True)
-    if use_deep_gemm:
-        raise ValueError("use_deep_gemm=True but deep_gemm (with fp8_paged_mqa_logits) is not "
-                         "importable, or the inputs are not in its layout")
-    num_blocks, block_size = kv_cache.shape[:2]
-    rows = torch.arange(N, device=q.device) if row_map is None else row_map.long().clamp(min=0)
-    p = torch.arange(max_context_len, device=q.device)
-    blk_idx = (p // block_size).clamp(max=block_table.shape[1] - 1)
-    blocks = block_table[rows][:, blk_idx].long()                      # [N, P]
-    valid_block = (blocks >= 0) & (blocks < num_blocks)
-    blocks = torch.where(valid_block, blocks, torch.zeros_like(blocks))
-    k = kv_cache[blocks, p % block_size].float()                        # [N, P, D]
-    if kv_scale is not None:
-        k = k * kv_scale[blocks, p % block_size].float()[..., None]
-    scores = torch.einsum("gjhd,gpd->gjhp", q.float(), k).relu()        # [N, n, H, P]
-    logits = (scores * weights.view(N, n, H, 1).float()).sum(dim=2)     # [N, n, P]
-    ctx = context_lens.long()[..., None]
-    logits = torch.where((p < ctx) & valid_block[:, None, :], logits,
-                         torch.full_like(logits, float("-inf")))
-    return logits.reshape(N * n, max_context_len)

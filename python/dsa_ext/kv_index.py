@@ -5,34 +5,9 @@ from typing import Optional, Union
 
 import torch
 
-from . import _C, _checks, _native
+from . import _checks, _native
 
 Tensor = torch.Tensor
-
-
-def _convert_impl(req_id: Tensor, block_table: Tensor, token_indices: Tensor,
-                  block_size: int, block_stride: int, dcp_world_size: int, dcp_rank: int,
-                  interleave: int, compact: bool, idx_mapping: Optional[Tensor],
-                  prefill_request_id: Optional[Tensor],
-                  prefill_workspace_starts: Optional[Tensor],
-                  prefill_workspace_rank_stride: int, out: Tensor,
-                  valid_counts: Optional[Tensor]) -> None:
-    device, stream = _native.place(token_indices)
-    _C.convert_req_index_to_global_index(
-        _native.desc1(req_id), _native.desc2(block_table), _native.desc2(token_indices),
-        block_size, block_stride, dcp_world_size, dcp_rank, interleave, compact,
-        _native.desc2(out), _native.desc1(valid_counts), _native.desc1(idx_mapping),
-        _native.desc1(prefill_request_id), _native.desc1(prefill_workspace_starts),
-        prefill_workspace_rank_stride, device, stream)
-
-
-_convert_op = _native.define(
-    "convert_req_index_to_global_index(Tensor req_id, Tensor block_table, "
-    "Tensor token_indices, int block_size, int block_stride, int dcp_world_size, "
-    "int dcp_rank, int interleave, bool compact, Tensor? idx_mapping, "
-    "Tensor? prefill_request_id, Tensor? prefill_workspace_starts, "
-    "int prefill_workspace_rank_stride, Tensor(a!) out, Tensor(b!)? valid_counts) -> ()",
-    _convert_impl, _native.no_result)
 
 
 def convert_req_index_to_global_index(
@@ -141,9 +116,9 @@ def convert_req_index_to_global_index(
     else:
         _checks.tensor("valid_counts", valid_counts, torch.int32, 1, device)
         _checks.shape("valid_counts", valid_counts, (T,))
-    _native.call(_convert_op, req_id, block_table, token_indices, block_size, block_stride,
-                 dcp_world_size, dcp_rank, interleave, compact, idx_mapping,
-                 prefill_request_id, prefill_workspace_starts,
+    _native.call("convert_req_index_to_global_index", req_id, block_table, token_indices,
+                 block_size, block_stride, dcp_world_size, dcp_rank, interleave, compact,
+                 idx_mapping, prefill_request_id, prefill_workspace_starts,
                  prefill_workspace_rank_stride, out, valid_counts)
     return (out, valid_counts) if return_valid_counts else out
 

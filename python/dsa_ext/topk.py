@@ -5,7 +5,7 @@ from typing import Optional
 
 import torch
 
-from . import _C, _checks, _native
+from . import _checks, _native
 
 Tensor = torch.Tensor
 
@@ -15,22 +15,20 @@ Tensor = torch.Tensor
 CUDA_MAX_SORTED = 16384
 
 
-def _candidates_desc3(t: Tensor) -> tuple:
-    """desc3 of the candidates as [W, rows, K]; a 2-D [rows, N] input is W = 1."""
-    if t.dim() == 2:
-        return (t.data_ptr(), 1, t.shape[0], t.shape[1], 0, t.stride(0), t.stride(1))
-    return _native.desc3(t)
-
-
-def _topk_impl(candidates: Tensor, out: Tensor, sorted: bool) -> None:
-    device, stream = _native.place(candidates)
-    _C.stable_topk_from_candidates(_candidates_desc3(candidates), _native.desc2(out),
-                                   sorted, device, stream)
-
-
-_topk_op = _native.define(
-    "stable_topk_from_candidates(Tensor candidates, Tensor(a!) out, bool sorted) -> ()",
-    _topk_impl, _native.no_result)
+def check_selection(device: torch.device, shape: tuple, n: int, k: int,
+                    sorted: bool) -> None:
+    """The order flag and the limits of the top-K on candidates of `shape` (`n` per
+    row), `k` >= 1 ids."""
+    if not isinstance(sorted, bool):
+        raise TypeError(f"sorted must be a bool, got {type(sorted).__name__}")
+    if max(shape) > _checks.INT32_MAX:
+        raise ValueError(f"candidates dimensions must be < 2^31, got shape {shape}")
+    if device.type == "cuda" and n > _checks.INT32_MAX:
+        raise ValueError("candidates must hold < 2^31 candidates per row on CUDA, got "
+                         f"shape {shape}")
+    if device.type == "cuda" and sorted and min(k, n) > CUDA_MAX_SORTED:
+        raise ValueError(f"k must be <= {CUDA_MAX_SORTED} on CUDA with sorted=True when "
+                         f"N = {n} > {CUDA_MAX_SORTED}, got {k}")
 
 
 def stable_topk_from_candidates(candidates: Tensor, k: int, out: Optional[Tensor] = None, *,
@@ -104,23 +102,13 @@ def stable_topk_from_candidates(candidates: Tensor, k: int, out: Optional[Tensor
     if n < 1:
         raise ValueError("candidates must hold at least one candidate per row, got shape "
                          f"{tuple(candidates.shape)}")
-    if max(candidates.shape) > _checks.INT32_MAX:
-        raise ValueError("candidates dimensions must be < 2^31, got shape "
-                         f"{tuple(candidates.shape)}")
     _checks.integer("k", k, 1)
-    if not isinstance(sorted, bool):
-        raise TypeError(f"sorted must be a bool, got {type(sorted).__name__}")
     device = candidates.device
-    if device.type == "cuda" and n > _checks.INT32_MAX:
-        raise ValueError("candidates must hold < 2^31 candidates per row on CUDA, got "
-                         f"shape {tuple(candidates.shape)}")
-    if device.type == "cuda" and sorted and min(k, n) > CUDA_MAX_SORTED:
-        raise ValueError(f"k must be <= {CUDA_MAX_SORTED} on CUDA with sorted=True when "
-                         f"N = {n} > {CUDA_MAX_SORTED}, got {k}")
+    check_selection(device, tuple(candidates.shape), n, k, sorted)
     if out is None:
         out = torch.empty((rows, k), dtype=torch.int32, device=device)
     else:
         _checks.tensor("out", out, torch.int32, 2, device)
         _checks.shape("out", out, (rows, k))
-    _native.call(_topk_op, candidates, out, sorted)
+    _native.call("stable_topk_from_candidates", candidates, out, sorted)
     return out
