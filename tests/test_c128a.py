@@ -1,4 +1,4 @@
-"""C128A metadata (spec section 3): CPU and CUDA against the torch reference."""
+"""C128A metadata (docs/ops.md section 3): CPU and CUDA against the torch reference."""
 import pytest
 import torch
 from hypothesis import given
@@ -83,7 +83,7 @@ def test_capacity_errors():
 
 
 # ---------------------------------------------------------------------------------------
-# Spec vectors
+# Vectors of docs/ops.md
 # ---------------------------------------------------------------------------------------
 
 

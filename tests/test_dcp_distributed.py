@@ -1,6 +1,6 @@
 """DCP merges across real processes (gloo on loopback): every rank's merged top-K equals
 the global top-K of the unsharded logits, and the merged sparse attention equals the
-attention over the unsharded KV (spec 6 and 7)."""
+attention over the unsharded KV (docs/ops.md sections 6 and 7)."""
 import json
 import subprocess
 import sys

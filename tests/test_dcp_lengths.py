@@ -1,4 +1,5 @@
-"""DCP local lengths (spec section 1) and their use after per-token expansion (spec 4)."""
+"""DCP local lengths and their use after per-token expansion (docs/ops.md sections 1
+and 4)."""
 import pytest
 import torch
 from hypothesis import given

@@ -1,5 +1,6 @@
-"""DCP attention-output merge (spec 7): normalize_lse, the LSE correction (CPU and CUDA
-against the fp64 torch reference), merge_attention_outputs through a fake exchange."""
+"""DCP attention-output merge (docs/ops.md section 7): normalize_lse, the LSE correction
+(CPU and CUDA against the fp64 torch reference), merge_attention_outputs through a fake
+exchange."""
 import math
 
 import pytest
@@ -42,7 +43,7 @@ def check_correction(device, out, lses, rank, base, **kw):
 
 
 # ---------------------------------------------------------------------------------------
-# Spec vector and fixed cases
+# Vector of docs/ops.md and fixed cases
 # ---------------------------------------------------------------------------------------
 
 

@@ -1,4 +1,4 @@
-"""DCP candidate packing and the global top-K merge (spec 6): CPU and CUDA against the
+"""DCP candidate packing and the global top-K merge (docs/ops.md 6): CPU and CUDA against the
 torch reference, the key format, sharded merges through a fake in-process exchange."""
 import pytest
 import torch

@@ -1,4 +1,5 @@
-"""Indexer decode/prefill metadata (spec sections 4 and 5) against the torch reference."""
+"""Indexer decode/prefill metadata (docs/ops.md sections 4 and 5) against the torch
+reference."""
 import logging
 
 import pytest
@@ -166,7 +167,7 @@ def test_uniform_equals_ragged_with_equal_lengths(next_n, B, seed):
 
 
 # ---------------------------------------------------------------------------------------
-# Prefill: spec vectors, chunking
+# Prefill: docs/ops.md vectors, chunking
 # ---------------------------------------------------------------------------------------
 
 

@@ -1,4 +1,4 @@
-"""Index conversion (spec section 2): CPU and CUDA against the torch reference."""
+"""Index conversion (docs/ops.md section 2): CPU and CUDA against the torch reference."""
 import pytest
 import torch
 from hypothesis import given

@@ -1,4 +1,5 @@
-"""stable_topk_from_candidates (spec 6c): CPU and CUDA against the torch reference, bit-exact."""
+"""stable_topk_from_candidates (docs/ops.md section 6c): CPU and CUDA against the torch
+reference, bit-exact."""
 from __future__ import annotations
 
 import os
@@ -402,9 +403,8 @@ def make_run_rows(n: int, k: int, rows: int, seed: int) -> torch.Tensor:
     (m = log2 of the CUDA sort size: the next power of two >= min(k, n), at least 512):
     runs of 1 to 9 keys, runs of one score (ordered by id) and of one key (duplicates),
     shortfalls, and negative NaN scores whose high words are below 2^m, next to the
-    padding; each row type repeated with fresh numbers. (A 32-bit sort of such prefixes
-    with the slot as tie-break, tried in the lab, had to order these runs by the full
-    keys.)"""
+    padding; each row type repeated with fresh numbers. (A sort of the 32-bit prefixes
+    with the slot as tie-break must still order these runs by the full keys.)"""
     m = max(9, (min(k, n) - 1).bit_length())
     g = torch.Generator().manual_seed(seed)
 
@@ -459,7 +459,7 @@ def make_shared_bit_rows(n: int, rows: int, seed: int) -> torch.Tensor:
     in their lowest score byte, equal scores with ids that differ only in bits 0..5, two
     keys each repeated (equal below bit 48), bf16 scores with small ids, and the same
     with a few keys that break the shared bits. (Also the cases a select that skips
-    shared bytes must get right: c843fae, reverted.)"""
+    shared bytes must get right.)"""
     g = torch.Generator().manual_seed(seed)
     base = torch.full((n,), 0x3F800000, dtype=torch.int64)
     out = []

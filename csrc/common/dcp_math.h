@@ -2,7 +2,7 @@
 //
 // Built for both: under nvcc the functions are __host__ __device__, under a plain C++
 // compiler DSA_HD vanishes. Every CPU/CUDA pair includes this header, so the two
-// implementations cannot drift (spec section 1).
+// implementations cannot drift (docs/ops.md section 1).
 //
 // Symbols: W = DCP world size, r = rank, I = interleave, BS = block size.
 // Position p lives on rank (p / I) % W. All positions handled here are >= 0 and < 2^31.

@@ -1,4 +1,4 @@
-// DCP attention-output merge: the per-rank LSE correction (spec 7).
+// DCP attention-output merge: the per-rank LSE correction (docs/ops.md section 7).
 //
 // Each rank holds partial attention outputs over its KV shard for all heads. With the
 // all-gathered LSEs [W, B, H], every (b, h) gets the global LSE G and this rank's weight

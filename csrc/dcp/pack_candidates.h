@@ -1,4 +1,5 @@
-// DCP candidate packing: a rank's local top-K -> lossless 64-bit candidate keys (spec 6a).
+// DCP candidate packing: a rank's local top-K -> lossless 64-bit candidate keys
+// (docs/ops.md section 6a).
 //
 // The per-candidate rule (pack_candidate) is shared by the CPU loop and the CUDA kernel.
 #pragma once

@@ -1,4 +1,4 @@
-// Stable global top-K of packed DCP candidates (spec section 6c).
+// Stable global top-K of packed DCP candidates (docs/ops.md section 6c).
 //
 // A candidate is one int64 holding the unsigned 64-bit key
 //   key = (ordered(score_bits) << 32) | (~gid & 0xFFFFFFFF),  invalid (gid < 0): key = 0,

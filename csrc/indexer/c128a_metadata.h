@@ -1,4 +1,4 @@
-// C128A compressed-attention top-K metadata (spec section 3).
+// C128A compressed-attention top-K metadata (docs/ops.md section 3).
 //
 // One row per token: decode rows (t < num_decode) list the physical compressed-KV slots
 // of the token's first n_t compressed positions, prefill rows list the positions

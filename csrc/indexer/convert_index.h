@@ -1,4 +1,5 @@
-// Index conversion: request-local token ids -> physical paged-KV slots (spec section 2).
+// Index conversion: request-local token ids -> physical paged-KV slots
+// (docs/ops.md section 2).
 //
 // The per-element rule (convert_token) is shared by the CPU loop and the CUDA kernel.
 #pragma once

@@ -1,4 +1,4 @@
-// Per-token sequence lengths for the indexer (spec sections 1, 4 and 5):
+// Per-token sequence lengths for the indexer (docs/ops.md sections 1, 4 and 5):
 //   - dcp_local_seq_lens: rank-local lengths of any lengths (one column per rank or one)
 //   - expand_decode_seq_lens: per-token context lengths of a decode batch (uniform or
 //     ragged), compressed and DCP-localized after expansion, plus the flattened row map

@@ -72,7 +72,8 @@ def integer(name: str, value, minimum: Optional[int] = None,
 def dcp_layout(world_size, rank, interleave, block_size: Optional[int] = None,
                names: Sequence[str] = ("dcp_world_size", "dcp_rank", "interleave"),
                all_ranks: bool = False) -> None:
-    """Check a DCP layout (spec section 1): W >= 1, 0 <= rank < W, I >= 1, BS % I == 0.
+    """Check a DCP layout (docs/ops.md section 1): W >= 1, 0 <= rank < W, I >= 1,
+    BS % I == 0.
 
     `names` are the caller's argument names for (W, rank, I). rank None ("every rank at
     once") is accepted only where the caller says so with `all_ranks`.

@@ -137,7 +137,7 @@ def copies_for(nbytes: int, device: torch.device) -> int:
 
 
 # ---------------------------------------------------------------------------------------
-# Cases: index conversion (spec 2), K = 2048 with compaction
+# Cases: index conversion (docs/ops.md section 2), K = 2048 with compaction
 # ---------------------------------------------------------------------------------------
 
 
@@ -182,7 +182,8 @@ for _T in (1, 64, 1024, 16384):
 
 
 # ---------------------------------------------------------------------------------------
-# Cases: indexer metadata (spec 3 and 4): C128A metadata, a whole decode metadata build
+# Cases: indexer metadata (docs/ops.md sections 3 and 4): C128A metadata, a whole decode
+# metadata build
 # ---------------------------------------------------------------------------------------
 
 
@@ -243,7 +244,7 @@ def _register_decode_build(B: int, next_n: int, world: int):
 _register_decode_build(256, 4, 4)
 
 
-# Cases: DCP top-K merge (spec 6) and attention-output merge (spec 7)
+# Cases: DCP top-K merge and attention-output merge (docs/ops.md sections 6 and 7)
 # ---------------------------------------------------------------------------------------
 
 _DCP_COLS = 32768  # local logits width: a 128K context over W = 4 ranks
@@ -355,7 +356,7 @@ for _dtype in (torch.bfloat16, torch.float32):
 
 
 # ---------------------------------------------------------------------------------------
-# Cases: stable global top-K of all-gathered DCP candidates (spec 6c), k = 2048
+# Cases: stable global top-K of all-gathered DCP candidates (docs/ops.md 6c), k = 2048
 # ---------------------------------------------------------------------------------------
 
 

@@ -1,4 +1,4 @@
-"""C128A compressed-attention top-K metadata (spec section 3).
+"""C128A compressed-attention top-K metadata (docs/ops.md section 3).
 
 With compression ratio 128 every token attends to the compressed KV entries of its
 first ``(position + 1) // 128`` compressed positions. Decode tokens need those entries'

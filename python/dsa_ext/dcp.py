@@ -22,7 +22,7 @@ AllGather = Callable[[Tensor, Tensor], None]
 ReduceScatter = Callable[[Tensor, Tensor], None]
 
 # ---------------------------------------------------------------------------------------
-# Spec 6: exact global top-K across DCP ranks
+# docs/ops.md section 6: exact global top-K across DCP ranks
 # (candidate packing, all-gather, stable top-K of the gathered candidates)
 # ---------------------------------------------------------------------------------------
 
@@ -36,7 +36,7 @@ def pack_dcp_topk_candidates(
     row_starts: Optional[Tensor] = None,
     out: Optional[Tensor] = None,
 ) -> Tensor:
-    """Pack a rank's local top-K into lossless 64-bit candidate keys (spec 6a).
+    """Pack a rank's local top-K into lossless 64-bit candidate keys (docs/ops.md 6a).
 
     For row ``i`` and column ``c`` with ``q = topk_indices[i, c]`` (a rank-local id)::
 
@@ -196,7 +196,8 @@ def merge_topk_global(
     row_starts: Optional[Tensor] = None,
     sorted: bool = False,
 ) -> Tensor:
-    """Exact global top-k across DCP ranks, written into ``topk_indices`` in place (spec 6d).
+    """Exact global top-k across DCP ranks, written into ``topk_indices`` in place
+    (docs/ops.md section 6d).
 
     Every rank packs its local top-K into candidate keys
     (:func:`pack_dcp_topk_candidates`), the W * K candidates per row are all-gathered
@@ -273,7 +274,7 @@ def _merge_topk(logits, topk_indices, k, rank, world_size, interleave, group, al
 
 
 # ---------------------------------------------------------------------------------------
-# Spec 7: attention output merge across DCP ranks (LSE)
+# docs/ops.md section 7: attention output merge across DCP ranks (LSE)
 # ---------------------------------------------------------------------------------------
 
 _LN2 = math.log(2.0)
@@ -292,7 +293,7 @@ def _lse_base(name: str, base) -> bool:
 
 def normalize_lse(lse: Tensor, num_tokens: int, num_heads: int, *,
                   base: float = 2.0) -> Tensor:
-    """An attention kernel's LSE as ``(T, H)`` in base e (spec 7).
+    """An attention kernel's LSE as ``(T, H)`` in base e (docs/ops.md section 7).
 
     Accepts ``(T, H)``, ``(T, H, 1)``, ``(T, 1, H)`` or any 3-D ``(a, b, H)`` with
     ``a * b == T``; a base-2 LSE (log2-sum-exp2) is multiplied by ln 2. Returns a view
@@ -341,7 +342,8 @@ def correct_attention_output(
     corrected: Optional[Tensor] = None,
     global_lse: Optional[Tensor] = None,
 ) -> tuple[Tensor, Optional[Tensor]]:
-    """Weigh this rank's partial attention outputs by the all-gathered LSEs (spec 7).
+    """Weigh this rank's partial attention outputs by the all-gathered LSEs
+    (docs/ops.md section 7).
 
     For every ``(b, h)``, with NaN and +inf LSEs taken as -inf::
 
@@ -411,8 +413,8 @@ def merge_attention_outputs(
     all_gather: Optional[AllGather] = None,
     reduce_scatter: Optional[ReduceScatter] = None,
 ):
-    """Merge partial attention outputs across DCP ranks (spec 7; the reference server's
-    ``cp_lse_ag_out_rs``).
+    """Merge partial attention outputs across DCP ranks (docs/ops.md section 7; the
+    reference server's ``cp_lse_ag_out_rs``).
 
     Queries are all-gathered over heads, so every rank holds partial outputs for all
     ``H`` heads over its own KV shard. The LSEs are all-gathered to ``[W, B, H]``, each

@@ -160,7 +160,7 @@ def plan_prefill_chunks(seq_lens: Sequence[int], query_start_loc: Sequence[int],
 
 @dataclass
 class PrefillChunkMetadata:
-    """Metadata of one prefill chunk (spec section 5); tensors on the builder's device."""
+    """Metadata of one prefill chunk (docs/ops.md section 5), on the builder's device."""
     req_start: int
     req_end: int
     num_reqs: int
@@ -355,7 +355,7 @@ class IndexerMetadataBuilder:
                       seq_lens_cpu: Optional[Sequence[int]] = None,
                       query_start_loc_cpu: Optional[Sequence[int]] = None
                       ) -> list[PrefillChunkMetadata]:
-        """Prefill chunk metadata (spec section 5).
+        """Prefill chunk metadata (docs/ops.md section 5).
 
         Args:
             seq_lens: int32 ``[P]`` of the prefill requests.

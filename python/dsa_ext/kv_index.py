@@ -1,4 +1,5 @@
-"""Index conversion: request-local top-K token ids -> physical paged-KV slots (spec 2)."""
+"""Index conversion: request-local top-K token ids -> physical paged-KV slots
+(docs/ops.md section 2)."""
 from __future__ import annotations
 
 from typing import Optional, Union

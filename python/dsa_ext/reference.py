@@ -1,7 +1,7 @@
 """Plain torch reference implementations: the executable spec.
 
 Written for clarity, not speed; used by the tests and by ``python -m dsa_ext``. Each
-function follows a section of the op contracts (spec/ops.md) line by line and works on
+function follows a section of the op contracts (docs/ops.md) line by line and works on
 CPU tensors (int64 arithmetic throughout, so nothing here can overflow).
 """
 from __future__ import annotations
@@ -180,7 +180,7 @@ def decode_context_lens(seq_lens: Tensor, num_decode_tokens: int, *,
                         compress_ratio: int = 1, dcp_world_size: int = 1,
                         dcp_rank: Optional[int] = 0, interleave: int = 1
                         ) -> tuple[Tensor, Tensor, Tensor]:
-    """Per-token context lengths of a decode batch (spec section 4).
+    """Per-token context lengths of a decode batch (docs/ops.md section 4).
 
     Token t of request b sees max(S[b] - end_b + t + 1, 0) positions, end_b = one past
     b's last token (uniform: b = t // next_n, end_b = (b + 1) * next_n, which is
@@ -211,7 +211,8 @@ def decode_row_ends(seq_lens: Tensor, next_n: int) -> Tensor:
 def prefill_chunk_bounds(seq_lens: Tensor, query_start_loc: Tensor, token_start: int,
                          token_end: int, *, compress_ratio: int = 1, dcp_world_size: int = 1,
                          dcp_rank: int = 0, interleave: int = 1) -> dict:
-    """Spec section 5 for one chunk: requests = all of seq_lens, tokens [token_start, token_end).
+    """docs/ops.md section 5 for one chunk: requests = all of seq_lens, tokens
+    [token_start, token_end).
 
     ks = row_start(b), ke = row_start(b) + local((S[b] - query_len + 1 + o) // ratio), where
     row_start is the cumulative rank-local compressed KV length.
@@ -323,7 +324,7 @@ def indexer_topk(logits: Tensor, k: int, lengths: Optional[Tensor] = None) -> Te
 def pack_dcp_topk_candidates(logits: Tensor, topk_indices: Tensor, rank: int,
                              world_size: int, interleave: int = 1,
                              row_starts: Optional[Tensor] = None) -> Tensor:
-    """int64 [rows, K] candidate keys of a rank's local top-K (spec 6a)."""
+    """int64 [rows, K] candidate keys of a rank's local top-K (docs/ops.md 6a)."""
     rows, cols = logits.shape
     local = topk_indices.long()
     start = 0 if row_starts is None else row_starts.long()[:, None]
@@ -388,8 +389,9 @@ def correct_attention_output(partial: Tensor, lses: Tensor, rank: int,
 
 def merge_attention_outputs(partials: list, lses: list, lse_base: float = 2.0
                             ) -> tuple[list, list]:
-    """Every rank's merged output [B, H/W, D] and LSE slice [B, H/W] (spec 7), from all
-    ranks' partial outputs [B, H, D] and LSEs [B, H]; the reduction runs in fp64."""
+    """Every rank's merged output [B, H/W, D] and LSE slice [B, H/W] (docs/ops.md section
+    7), from all ranks' partial outputs [B, H, D] and LSEs [B, H]; the reduction runs in
+    fp64."""
     W = len(partials)
     stacked = torch.stack(lses)
     parts = [correct_attention_output(p, stacked, r, lse_base) for r, p in enumerate(partials)]

@@ -32,7 +32,7 @@ def local_seq_lens(seq_lens: torch.Tensor, rank: Optional[int], world_size: int,
         local = base + clamp(L - base*W - rank*I, 0, I)
 
     Localize per-token lengths only after expanding them per token: the local length of
-    a difference is not the difference of local lengths (spec section 1: W=2, rank 1,
+    a difference is not the difference of local lengths (docs/ops.md section 1: W=2, rank 1,
     bounds [8, 9, 10] -> [4, 4, 5], while localizing 10 -> 5 first gives [3, 4, 5]).
     W = 1 returns the lengths unchanged for any I.
 
@@ -204,7 +204,7 @@ def prefill_chunk_bounds(
     ke: Optional[Tensor] = None,
     token_to_seq: Optional[Tensor] = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Per-token logits column bounds ``[ks, ke)`` of a prefill chunk (spec section 5).
+    """Per-token logits column bounds ``[ks, ke)`` of a prefill chunk (docs/ops.md 5).
 
     For flat token ``g`` in ``[token_start, token_end)`` of request ``b``
     (``qsl[b] <= g < qsl[b+1]``, binary search on device), ``o = g - qsl[b]``::

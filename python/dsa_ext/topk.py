@@ -1,4 +1,5 @@
-"""DCP top-K merge: the exact, stable global top-K of packed candidates (spec 6c)."""
+"""DCP top-K merge: the exact, stable global top-K of packed candidates
+(docs/ops.md section 6c)."""
 from __future__ import annotations
 
 from typing import Optional
