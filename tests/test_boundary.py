@@ -1,6 +1,13 @@
 """The Python -> C++ boundary: each op is declared once (python/dsa_ext/_native.py) and
-the C++ entry point takes the same parameters in the same order under the same names."""
+the C++ entry point takes the same parameters in the same order under the same names.
+
+Checked link by link: the C++ declaration's parameter names are the py::arg names of its
+binding, those are the declaration's names, and the implementation passes each argument
+in its declared position."""
+import inspect
+import pathlib
 import re
+import typing
 
 import pytest
 import torch
@@ -9,6 +16,7 @@ import dsa_ext  # noqa: F401 - registers the ops
 from dsa_ext import _C, _native
 
 OPS = sorted(_native.IMPLS)
+CSRC = pathlib.Path(__file__).resolve().parents[1] / "csrc"
 
 
 def cpp_parameter_names(fn) -> list[str]:
@@ -24,12 +32,69 @@ def test_every_public_op_is_declared():
         "pack_dcp_topk_candidates", "prefill_chunk_bounds", "stable_topk_from_candidates"])
 
 
+def declared_parameters(name: str) -> list[str]:
+    return list(inspect.signature(_native.IMPLS[name]).parameters)
+
+
+def header_parameter_names(name: str) -> list[str]:
+    """Parameter names of the C++ declaration `void name(...);` in csrc/*/*.h."""
+    found = []
+    for header in sorted(CSRC.glob("*/*.h")):
+        found += re.findall(rf"\bvoid {name}\(([^;{{]*)\);", header.read_text())
+    assert len(found) == 1, f"{name}: {len(found)} declarations"
+    return [param.split()[-1].lstrip("&*") for param in found[0].split(",")]
+
+
 @pytest.mark.parametrize("name", OPS)
 def test_cpp_entry_point_takes_the_declared_parameters(name):
-    import inspect
-    declared = list(inspect.signature(_native.IMPLS[name]).parameters)
-    want = declared + list(_native.DERIVED[name]) + ["device", "stream"]
+    want = declared_parameters(name) + list(_native.DERIVED[name]) + ["device", "stream"]
     assert cpp_parameter_names(getattr(_C, name)) == want
+
+
+@pytest.mark.parametrize("name", OPS)
+def test_cpp_declaration_names_its_parameters_as_bound(name):
+    assert header_parameter_names(name) == cpp_parameter_names(getattr(_C, name))
+
+
+class _Recorder:
+    """Stands in for dsa_ext._C: records the arguments of each call."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __getattr__(self, name):
+        return lambda *args: self.calls.append((name, args))
+
+
+@pytest.mark.parametrize("name", OPS)
+def test_implementation_passes_each_argument_in_its_position(name, monkeypatch):
+    # Every tensor parameter gets its own allocation (told apart by data pointer), every
+    # int its own value; the implementation must hand each to the C++ parameter of its
+    # name.
+    impl = _native.IMPLS[name]
+    hints = typing.get_type_hints(impl)
+    args = {}
+    for i, param in enumerate(declared_parameters(name)):
+        kind = hints[param]
+        if kind in (torch.Tensor, typing.Optional[torch.Tensor]):
+            args[param] = torch.zeros(4, 4)
+        elif kind is bool:
+            args[param] = True
+        else:
+            args[param] = 101 + i
+    recorder = _Recorder()
+    monkeypatch.setattr(_native, "_C", recorder)
+    impl(**args)
+    ((called, passed),) = recorder.calls
+    assert called == name
+    for position, cpp_name in enumerate(cpp_parameter_names(getattr(_C, name))):
+        if cpp_name not in args:
+            continue  # derived values, device and stream
+        value, got = args[cpp_name], passed[position]
+        if isinstance(value, torch.Tensor):
+            assert got[0] == value.data_ptr(), f"{cpp_name} is not passed at {position}"
+        else:
+            assert got == value, f"{cpp_name} is not passed at {position}"
 
 
 @pytest.mark.parametrize("name", OPS)

@@ -90,14 +90,16 @@ void c128a_metadata_cpu(const C128AArgs& args);
 void c128a_metadata_cuda(const C128AArgs& args, const Place& place);
 
 /*!
- * \brief Entry point bound to Python (arguments validated there): fills the decode rows,
- *        decode lengths and prefill rows of one batch in one pass (one kernel launch).
+ * \brief Entry point bound to Python (arguments validated there), its parameters in the
+ *        op's order (python/dsa_ext/_native.py): fills the decode rows, decode lengths
+ *        and prefill rows of one batch in one pass (one kernel launch). The buffers'
+ *        descriptors cover the rows and columns written.
  */
 void build_c128a_topk_metadata(const Desc1& positions, const Desc1& token_to_req,
                                const Desc2& block_table, const Desc1& slot_mapping,
-                               const Desc2& decode, const Desc1& decode_lens,
-                               const Desc2& prefill, int64_t ratio, int64_t block_size,
-                               int64_t num_decode, int64_t width, int64_t device,
-                               int64_t stream);
+                               const Desc2& decode_buffer, const Desc1& decode_lens_buffer,
+                               const Desc2& prefill_buffer, int64_t compress_ratio,
+                               int64_t block_size, int64_t num_decode_tokens, int64_t width,
+                               int64_t device, int64_t stream);
 
 }  // namespace dsa

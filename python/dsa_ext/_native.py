@@ -17,8 +17,10 @@ Every public op follows one pattern:
 The declaration is the implementation's annotated signature: the torch schema is derived
 from it, and the C++ entry point takes the same parameters in the same order, under the
 same names (``py::arg`` in csrc/bindings.cpp), followed by the values the implementation
-derives (``derived=``) and the device and stream; tests/test_boundary.py checks that the
-two agree. Calls stay positional: a keyword call costs more than a microsecond per op.
+derives (``derived=``) and the device and stream. tests/test_boundary.py checks every
+link: the C++ declaration's names against the bound names, those against the
+declaration, and the implementation's call against both. Calls stay positional: a
+keyword call through pybind11 costs more than a microsecond per op.
 """
 from __future__ import annotations
 
