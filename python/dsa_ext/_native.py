@@ -37,45 +37,28 @@ Tensor = torch.Tensor
 
 _LIB = torch.library.Library("dsa_ext", "DEF")
 
-_NO_DESC1 = (0, 0, 0)
-_NO_DESC2 = (0, 0, 0, 0, 0)
-
-
-def desc1(t: Optional[torch.Tensor]) -> tuple:
-    """(data_ptr, size, stride) of a 1-D tensor; all zeros when absent."""
-    if t is None:
-        return _NO_DESC1
+def desc(t: Tensor) -> tuple:
+    """(data_ptr, sizes..., strides...) of a tensor, strides in elements: the C++ side's
+    Desc1 to Desc4 (csrc/common/strided.h) for 1-D to 4-D tensors."""
     return (t.data_ptr(), *t.shape, *t.stride())
 
 
-def desc2(t: torch.Tensor) -> tuple:
-    """(data_ptr, rows, cols, row_stride, col_stride) of a 2-D tensor."""
-    return (t.data_ptr(), *t.shape, *t.stride())
+_ABSENT = {ndim: (0,) * (1 + 2 * ndim) for ndim in (1, 2)}
 
 
-def desc1_prefix(t: torch.Tensor, n: int) -> tuple:
-    """desc1 of t[:n] without building the view (a slice costs ~1 us of host time)."""
+def optional_desc(t: Optional[Tensor], ndim: int) -> tuple:
+    """desc of t; all zeros (null data: absent) for None, as an `ndim`-D descriptor."""
+    return _ABSENT[ndim] if t is None else (t.data_ptr(), *t.shape, *t.stride())
+
+
+def desc1_prefix(t: Tensor, n: int) -> tuple:
+    """desc of t[:n] (1-D) without building the view (a slice costs ~1 us of host time)."""
     return (t.data_ptr(), n, t.stride(0))
 
 
-def desc2_prefix(t: torch.Tensor, rows: int, cols: int) -> tuple:
-    """desc2 of t[:rows, :cols] without building the view."""
+def desc2_prefix(t: Tensor, rows: int, cols: int) -> tuple:
+    """desc of t[:rows, :cols] (2-D) without building the view."""
     return (t.data_ptr(), rows, cols, t.stride(0), t.stride(1))
-
-
-def desc3(t: torch.Tensor) -> tuple:
-    """(data_ptr, size0, size1, size2, stride0, stride1, stride2) of a 3-D tensor."""
-    return (t.data_ptr(), *t.shape, *t.stride())
-
-
-def desc4(t: torch.Tensor) -> tuple:
-    """(data_ptr, size0..size3, stride0..stride3) of a 4-D tensor."""
-    return (t.data_ptr(), *t.shape, *t.stride())
-
-
-def desc2_or_none(t: Optional[torch.Tensor]) -> tuple:
-    """desc2 of t; all zeros when absent."""
-    return _NO_DESC2 if t is None else desc2(t)
 
 
 try:
@@ -124,7 +107,10 @@ def schema_of(fn: Callable, mutates: tuple[str, ...]) -> str:
         raise TypeError(f"{fn.__name__}: mutates names no parameter: {sorted(unknown)}")
     args, aliases = [], iter("abcdefghijklmnopqrstuvwxyz")
     for name in params:
-        kind = _SCHEMA_TYPES[hints[name]]
+        kind = _SCHEMA_TYPES.get(hints[name])
+        if kind is None:
+            raise TypeError(f"{fn.__name__}: parameter {name} has no schema type: "
+                            f"{hints[name]}")
         if name in mutates:
             if not kind.startswith("Tensor"):
                 raise TypeError(f"{fn.__name__}: mutated parameter {name} is not a tensor")
@@ -178,10 +164,11 @@ def convert_req_index_to_global_index(
         out: Tensor, valid_counts: Optional[Tensor]) -> None:
     device, stream = place(token_indices)
     _C.convert_req_index_to_global_index(
-        desc1(req_id), desc2(block_table), desc2(token_indices), block_size, block_stride,
-        dcp_world_size, dcp_rank, interleave, compact, desc1(idx_mapping),
-        desc1(prefill_request_id), desc1(prefill_workspace_starts),
-        prefill_workspace_rank_stride, desc2(out), desc1(valid_counts), device, stream)
+        desc(req_id), desc(block_table), desc(token_indices), block_size, block_stride,
+        dcp_world_size, dcp_rank, interleave, compact, optional_desc(idx_mapping, 1),
+        optional_desc(prefill_request_id, 1), optional_desc(prefill_workspace_starts, 1),
+        prefill_workspace_rank_stride, desc(out), optional_desc(valid_counts, 1), device,
+        stream)
 
 
 @op(mutates=("out",), derived=("is_int64",))
@@ -194,11 +181,11 @@ def dcp_local_seq_lens(seq_lens: Tensor, rank: Optional[int], world_size: int,
     elif out.dim() == 1:
         out_desc = (out.data_ptr(), n, 1, out.stride(0), 1)
     elif out.dim() == 2 and rank is None:
-        out_desc = desc2(out)
+        out_desc = desc(out)
     else:
-        out_desc = desc2(out.view(n, cols))
+        out_desc = desc(out.view(n, cols))
     device, stream = place(seq_lens)
-    _C.dcp_local_seq_lens(desc1(seq_lens.reshape(n)), -1 if rank is None else rank,
+    _C.dcp_local_seq_lens(desc(seq_lens.reshape(n)), -1 if rank is None else rank,
                           world_size, interleave, out_desc, seq_lens.dtype == torch.int64,
                           device, stream)
 
@@ -211,7 +198,7 @@ def build_c128a_topk_metadata(
     T, Td = positions.shape[0], num_decode_tokens
     device, stream = place(positions)
     _C.build_c128a_topk_metadata(
-        desc1(positions), desc1(token_to_req), desc2(block_table), desc1(slot_mapping),
+        desc(positions), desc(token_to_req), desc(block_table), desc(slot_mapping),
         desc2_prefix(decode_buffer, Td, width), desc1_prefix(decode_lens_buffer, Td),
         desc2_prefix(prefill_buffer, T - Td, width), compress_ratio, block_size, Td, width,
         device, stream)
@@ -225,17 +212,17 @@ def expand_decode_seq_lens(
         local_lens: Optional[Tensor], row_map: Optional[Tensor]) -> None:
     Td = num_decode_tokens
     if local_lens is None:
-        local_desc = _NO_DESC2
+        local_desc = _ABSENT[2]
     elif local_lens.dim() == 1:
         local_desc = (local_lens.data_ptr(), Td, 1, local_lens.stride(0), 1)
     else:
         local_desc = desc2_prefix(local_lens, Td, local_lens.shape[1])
     device, stream = place(seq_lens)
     _C.expand_decode_seq_lens(
-        desc1(seq_lens), num_reqs, desc1(query_start_loc), next_n, Td, compress_ratio,
-        -1 if dcp_rank is None else dcp_rank, dcp_world_size, interleave,
+        desc(seq_lens), num_reqs, optional_desc(query_start_loc, 1), next_n, Td,
+        compress_ratio, -1 if dcp_rank is None else dcp_rank, dcp_world_size, interleave,
         desc1_prefix(global_lens, Td), local_desc,
-        _NO_DESC1 if row_map is None else desc1_prefix(row_map, Td), device, stream)
+        _ABSENT[1] if row_map is None else desc1_prefix(row_map, Td), device, stream)
 
 
 @op(mutates=("ks", "ke", "token_to_seq"))
@@ -246,9 +233,9 @@ def prefill_chunk_bounds(
     R = seq_lens.shape[0]
     device, stream = place(seq_lens)
     _C.prefill_chunk_bounds(
-        desc1(seq_lens), desc1_prefix(query_start_loc, R + 1), desc1_prefix(row_starts, R),
+        desc(seq_lens), desc1_prefix(query_start_loc, R + 1), desc1_prefix(row_starts, R),
         token_start, token_end, compress_ratio, dcp_rank, dcp_world_size, interleave,
-        desc1(ks), desc1(ke), desc1(token_to_seq), device, stream)
+        desc(ks), desc(ke), desc(token_to_seq), device, stream)
 
 
 @op(mutates=("out",))
@@ -256,21 +243,22 @@ def pack_dcp_topk_candidates(logits: Tensor, topk_indices: Tensor, rank: int,
                              world_size: int, interleave: int, row_starts: Optional[Tensor],
                              out: Tensor) -> None:
     device, stream = place(topk_indices)
-    _C.pack_dcp_topk_candidates(desc2(logits), desc2(topk_indices), rank, world_size,
-                                interleave, desc1(row_starts), desc2(out), device, stream)
+    _C.pack_dcp_topk_candidates(desc(logits), desc(topk_indices), rank, world_size,
+                                interleave, optional_desc(row_starts, 1), desc(out), device,
+                                stream)
 
 
-def _candidates_desc3(t: Tensor) -> tuple:
-    """desc3 of the candidates as [W, rows, K]; a 2-D [rows, N] input is W = 1."""
+def _candidates_desc(t: Tensor) -> tuple:
+    """desc of the candidates as 3-D [W, rows, K]; a 2-D [rows, N] input is W = 1."""
     if t.dim() == 2:
         return (t.data_ptr(), 1, t.shape[0], t.shape[1], 0, t.stride(0), t.stride(1))
-    return desc3(t)
+    return desc(t)
 
 
 @op(mutates=("out",))
 def stable_topk_from_candidates(candidates: Tensor, out: Tensor, sorted: bool) -> None:
     device, stream = place(candidates)
-    _C.stable_topk_from_candidates(_candidates_desc3(candidates), desc2(out), sorted, device,
+    _C.stable_topk_from_candidates(_candidates_desc(candidates), desc(out), sorted, device,
                                    stream)
 
 
@@ -282,6 +270,6 @@ ATTENTION_DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 def correct_attention_output(partial: Tensor, lses: Tensor, rank: int, base2: bool,
                              corrected: Tensor, global_lse: Optional[Tensor]) -> None:
     device, stream = place(partial)
-    _C.correct_attention_output(desc3(partial), desc3(lses), rank, base2, desc4(corrected),
-                                desc2_or_none(global_lse), ATTENTION_DTYPES[partial.dtype],
+    _C.correct_attention_output(desc(partial), desc(lses), rank, base2, desc(corrected),
+                                optional_desc(global_lse, 2), ATTENTION_DTYPES[partial.dtype],
                                 device, stream)
