@@ -139,3 +139,15 @@ def test_torch_compile_fullgraph(device):
     torch._dynamo.reset()
     got = torch.compile(step, fullgraph=True)(lens, out)
     assert_equal(got, reference.local_seq_lens(lens.cpu(), None, 4, 2))
+
+
+def test_host_local_length_is_the_rule():
+    # The planner's and builder's host-side helper against the reference, exhaustively.
+    from dsa_ext.indexer import _local_length
+    for world in (1, 2, 3, 4):
+        for interleave in (1, 2, 4):
+            for rank in range(world):
+                for L in range(-3, 41):
+                    assert _local_length(L, rank, world, interleave) == \
+                        reference.dcp_local_length(L, rank, world, interleave), \
+                        (L, rank, world, interleave)

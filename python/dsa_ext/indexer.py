@@ -16,7 +16,6 @@ from typing import Optional, Sequence
 import torch
 
 from . import _checks, _native, mqa_logits
-from .seq_lens import host_local_length
 
 Tensor = torch.Tensor
 logger = logging.getLogger("dsa_ext")
@@ -90,6 +89,14 @@ def decode_path(capability_major_minor: Sequence[int], next_n: int,
     return path
 
 
+def _local_length(length: int, rank: int, world_size: int, interleave: int) -> int:
+    """The DCP local length (docs/ops.md section 1) of one host int: the host-side sizes
+    of the chunk plans and totals (the device computes the same rule in dcp_math.h)."""
+    length = max(length, 0)
+    base = (length // (interleave * world_size)) * interleave
+    return base + min(max(length - base * world_size - rank * interleave, 0), interleave)
+
+
 # ---------------------------------------------------------------------------------------
 # Prefill chunking (host: works on the one host copy of the sizes)
 # ---------------------------------------------------------------------------------------
@@ -135,7 +142,7 @@ def plan_prefill_chunks(seq_lens: Sequence[int], query_start_loc: Sequence[int],
                                           query_start_loc[end], False))
 
     for b in range(P):
-        kv = host_local_length(seq_lens[b] // compress_ratio, 0, W, I)
+        kv = _local_length(seq_lens[b] // compress_ratio, 0, W, I)
         q = query_start_loc[b + 1] - query_start_loc[b]
         if kv > max_kv_workspace:
             raise ValueError(f"max_kv_workspace ({max_kv_workspace}) must hold the KV of "
@@ -408,7 +415,7 @@ class IndexerMetadataBuilder:
                 skip_kv_gather=p.skip_kv_gather, cu_seqlen_ks=ks, cu_seqlen_ke=ke,
                 token_to_seq=tts, cu_seq_lens=cu, local_cu_seq_lens=local_cu,
                 total_seq_lens=sum(kv_host),
-                local_total_seq_lens=sum(host_local_length(k, r, W, I) for k in kv_host),
+                local_total_seq_lens=sum(_local_length(k, r, W, I) for k in kv_host),
                 max_local_total_seq_lens=max(
-                    sum(host_local_length(k, rr, W, I) for k in kv_host) for rr in range(W))))
+                    sum(_local_length(k, rr, W, I) for k in kv_host) for rr in range(W))))
         return chunks

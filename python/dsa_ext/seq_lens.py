@@ -15,13 +15,6 @@ from . import _checks, _native
 Tensor = torch.Tensor
 
 
-def host_local_length(length: int, rank: int, world_size: int, interleave: int) -> int:
-    """:func:`local_seq_lens` of one host int (host-side sizes: chunk plans, totals)."""
-    length = max(length, 0)
-    base = (length // (interleave * world_size)) * interleave
-    return base + min(max(length - base * world_size - rank * interleave, 0), interleave)
-
-
 def local_seq_lens(seq_lens: torch.Tensor, rank: Optional[int], world_size: int,
                    interleave: int = 1, *, out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Number of positions in ``[0, L)`` that DCP rank ``rank`` owns, for every length L.
