@@ -1,5 +1,6 @@
-"""DCP candidate packing and the global top-K merge (docs/ops.md 6): CPU and CUDA against the
-torch reference, the key format, sharded merges through a fake in-process exchange."""
+"""DCP candidate packing and the global top-K merge (docs/ops.md section 6): CPU and CUDA
+against the torch reference, the key format, sharded merges through a fake in-process
+exchange."""
 import pytest
 import torch
 from hypothesis import given

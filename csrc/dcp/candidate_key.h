@@ -1,4 +1,5 @@
-// DCP top-K candidate keys: one unsigned 64-bit key per candidate (docs/ops.md 6a, 6c).
+// DCP top-K candidate keys: one unsigned 64-bit key per candidate (docs/ops.md
+// sections 6a and 6c).
 //
 //   key = (ordered(score_bits) << 32) | (~gid & 0xFFFFFFFF)     valid candidate
 //   key = 0                                                     invalid (no token)

@@ -356,7 +356,8 @@ for _dtype in (torch.bfloat16, torch.float32):
 
 
 # ---------------------------------------------------------------------------------------
-# Cases: stable global top-K of all-gathered DCP candidates (docs/ops.md 6c), k = 2048
+# Cases: stable global top-K of all-gathered DCP candidates (docs/ops.md section 6c),
+# k = 2048
 # ---------------------------------------------------------------------------------------
 
 

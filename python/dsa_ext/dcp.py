@@ -3,7 +3,7 @@ exact global top-K, the attention output merge). Rank-local lengths are in
 :mod:`dsa_ext.seq_lens`.
 
 A request's KV cache is split over W ranks: position p lives on rank (p // I) % W
-(docs/ops.md, DCP layout).
+(docs/ops.md section 1).
 """
 from __future__ import annotations
 
@@ -36,7 +36,8 @@ def pack_dcp_topk_candidates(
     row_starts: Optional[Tensor] = None,
     out: Optional[Tensor] = None,
 ) -> Tensor:
-    """Pack a rank's local top-K into lossless 64-bit candidate keys (docs/ops.md 6a).
+    """Pack a rank's local top-K into lossless 64-bit candidate keys (docs/ops.md
+    section 6a).
 
     For row ``i`` and column ``c`` with ``q = topk_indices[i, c]`` (a rank-local id)::
 

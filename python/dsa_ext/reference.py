@@ -324,7 +324,7 @@ def indexer_topk(logits: Tensor, k: int, lengths: Optional[Tensor] = None) -> Te
 def pack_dcp_topk_candidates(logits: Tensor, topk_indices: Tensor, rank: int,
                              world_size: int, interleave: int = 1,
                              row_starts: Optional[Tensor] = None) -> Tensor:
-    """int64 [rows, K] candidate keys of a rank's local top-K (docs/ops.md 6a)."""
+    """int64 [rows, K] candidate keys of a rank's local top-K (docs/ops.md section 6a)."""
     rows, cols = logits.shape
     local = topk_indices.long()
     start = 0 if row_starts is None else row_starts.long()[:, None]

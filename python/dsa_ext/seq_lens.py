@@ -197,7 +197,8 @@ def prefill_chunk_bounds(
     ke: Optional[Tensor] = None,
     token_to_seq: Optional[Tensor] = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Per-token logits column bounds ``[ks, ke)`` of a prefill chunk (docs/ops.md 5).
+    """Per-token logits column bounds ``[ks, ke)`` of a prefill chunk (docs/ops.md
+    section 5).
 
     For flat token ``g`` in ``[token_start, token_end)`` of request ``b``
     (``qsl[b] <= g < qsl[b+1]``, binary search on device), ``o = g - qsl[b]``::
