@@ -1,6 +1,6 @@
-"""Indexer metadata (docs/ops.md: decode context lengths, prefill chunks): the decode-path
-table for speculative decoding, the prefill chunk planner and the builder that owns the
-capacity buffers. The device ops it runs are in :mod:`dsa_ext.seq_lens`.
+"""Indexer metadata (docs/ops.md sections 4 and 5): the decode-path table for speculative
+decoding, the prefill chunk planner and the builder that owns the capacity buffers. The
+device ops it runs are in :mod:`dsa_ext.seq_lens`.
 
 Every device step here is a dsa_ext op (CPU + CUDA, bit-identical) or plain torch work on
 device tensors: nothing reads device data back to the host, so a decode build is
