@@ -218,6 +218,34 @@ def test_merge_topk_global_fake_exchange(device, world, interleave):
                 assert (topk[:, case["k"]:] == -1).all()
 
 
+@pytest.mark.parametrize("order", [False, True])
+def test_merge_topk_global_torch_compile_fullgraph(device, order):
+    # The composite traces whole: its pack and top-K are the registered ops themselves.
+    world, interleave = 4, 2
+    case = make_topk_case(21, world, interleave, rows=5, max_len=90, k=9, extra_cols=1,
+                          row_starts=True, device=device)
+    packed = [dsa_ext.pack_dcp_topk_candidates(r["logits"], r["topk"], rank, world,
+                                               interleave, r["row_starts"])
+              for rank, r in enumerate(case["ranks"])]
+    gathered = torch.cat(packed)
+
+    def gather(output, input):
+        output.copy_(gathered)
+
+    def step(logits, topk, starts):
+        dsa_ext.merge_topk_global(logits, topk, case["k"], rank=1, world_size=world,
+                                  interleave=interleave, all_gather=gather,
+                                  row_starts=starts, sorted=order)
+        return topk + 0
+
+    r = case["ranks"][1]
+    torch._dynamo.reset()
+    got = torch.compile(step, fullgraph=True)(r["logits"], r["topk"].clone(),
+                                              r["row_starts"])
+    assert_equal(got[:, :case["k"]], merged_want(case, order), sorted=order)
+    assert (got[:, case["k"]:] == -1).all()
+
+
 def test_merge_topk_global_world_one_is_noop(device):
     topk = torch.tensor([[3, 1, -1]], dtype=I32, device=device)
     before = topk.clone()
