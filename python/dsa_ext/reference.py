@@ -340,8 +340,8 @@ def pack_dcp_topk_candidates(logits: Tensor, topk_indices: Tensor, rank: int,
 
 def merge_topk_global(logits: list, topk_indices: list, k: int, interleave: int = 1,
                       row_starts: Optional[list] = None, sorted: bool = False) -> Tensor:
-    """int32 [rows, K] that every rank's ``topk_indices`` holds after the DCP merge (spec
-    6d): rank r's local logits ``logits[r]`` and local top-K ``topk_indices[r]`` [rows, K]
+    """int32 [rows, K] that every rank's ``topk_indices`` holds after the DCP merge
+    (docs/ops.md section 6d): rank r's local logits ``logits[r]`` and local top-K ``topk_indices[r]`` [rows, K]
     are packed, stacked rank-major ([W, rows, K], as all-gathered) and the k best kept
     (in the order of :func:`stable_topk_from_candidates`); columns k.. are -1. With one
     rank the local ids are returned unchanged."""
