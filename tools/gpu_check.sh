@@ -2,9 +2,12 @@
 # Everything a GPU machine should check, in one run:
 #   build (no network) -> self-check -> full test suite (GPU tests included) ->
 #   compute-sanitizer memcheck over the GPU tests -> benchmark.
-# Usage: tools/gpu_check.sh OUT_DIR      (DSA_EXT_SKIP_BENCH=1: everything but the bench)
+# Usage: tools/gpu_check.sh OUT_DIR      (DSA_EXT_SKIP_BENCH=1: everything but the benches;
+#   DSA_EXT_ARCHS=90a-real: build for that arch list only)
 #   OUT_DIR receives build.log, selfcheck.log, pytest.log, sanitizer.log (memcheck,
-#   racecheck and initcheck), bench.txt and results.json (environment, step exit codes, bench numbers).
+#   racecheck and initcheck), bench.txt, side_by_side.txt / .json (vLLM's kernels beside
+#   dsa_ext's on the same inputs, when .peers/ holds the harness of ../shared/peers) and
+#   results.json (environment, step exit codes, bench numbers).
 # Needs: python3 with torch (CUDA), pybind11, scikit-build-core, cmake, ninja, nvcc,
 # compute-sanitizer. CuTeDSL cubins are exported on a build machine (the GPU machine has
 # no nvidia-cutlass-dsl): if cute_dsl_aot/out/ exists it is used via DSA_EXT_CUBIN_DIR.
@@ -46,7 +49,8 @@ step() {  # step NAME LOG CMD...: run CMD with output in OUT/LOG, record its exi
   nvcc --version | tail -2
 } >"$OUT/build.log" 2>&1
 
-step build build.log $PY -m pip install --no-build-isolation --no-deps -v "$REPO"
+step build build.log $PY -m pip install --no-build-isolation --no-deps -v \
+  ${DSA_EXT_ARCHS:+-Ccmake.define.CMAKE_CUDA_ARCHITECTURES=$DSA_EXT_ARCHS} "$REPO"
 # Run from outside the source tree so the installed wheel is what gets imported.
 cd /tmp
 step selfcheck selfcheck.log $PY -m dsa_ext
@@ -71,6 +75,13 @@ if [ "${DSA_EXT_SKIP_BENCH:-0}" = 1 ]; then  # checks only, e.g. when device tim
 else
   step bench bench.txt timeout 180 $PY -m dsa_ext.bench --json "$OUT/bench.json"
 fi
+# The peer, same inputs, same run: ../shared/peers/README.md says how .peers/ is filled.
+STATUS[side_by_side]=0
+if [ "${DSA_EXT_SKIP_BENCH:-0}" != 1 ] && [ -f "$REPO/.peers/side_by_side.py" ]; then
+  (cd "$REPO/.peers" && step side_by_side side_by_side.txt env VLLM_SRC="$REPO/.peers/vllm" \
+    timeout 400 $PY side_by_side.py --json "$OUT/side_by_side.json")
+  STATUS[side_by_side]=$(grep -q "side_by_side: exit 0" "$OUT/side_by_side.txt" && echo 0 || echo 1)
+fi
 
 $PY - "$OUT" <<EOF
 import json, os, subprocess, sys
@@ -78,7 +89,7 @@ out = sys.argv[1]
 status = {"build": ${STATUS[build]}, "selfcheck": ${STATUS[selfcheck]},
           "pytest": ${STATUS[pytest]}, "sanitizer": ${STATUS[sanitizer]},
           "racecheck": ${STATUS[racecheck]}, "initcheck": ${STATUS[initcheck]},
-          "bench": ${STATUS[bench]}}
+          "bench": ${STATUS[bench]}, "side_by_side": ${STATUS[side_by_side]}}
 bench = {}
 path = os.path.join(out, "bench.json")
 if os.path.exists(path):
@@ -90,6 +101,6 @@ json.dump({"environment": head, "status": status, "bench": bench},
 print("summary:", status)
 EOF
 tail -n 25 "$OUT/bench.txt" 2>/dev/null
-for s in build selfcheck pytest sanitizer racecheck initcheck bench; do
+for s in build selfcheck pytest sanitizer racecheck initcheck bench side_by_side; do
   [ "${STATUS[$s]}" = 0 ] || exit 1
 done
