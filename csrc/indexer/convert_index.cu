@@ -1,13 +1,11 @@
 // Index conversion: the CUDA kernel and its launcher.
 //
-// A tile is kThreads * kItems columns of one row. Warp w owns the kItems * 32 columns
-// starting at w * kItems * 32 of the tile, item j of its lane l being column
-// j * 32 + l of that span: every load and store of a warp touches consecutive columns,
-// and a warp's columns are contiguous, so compaction needs only each warp's valid count.
-// Warp ballots rank each valid slot inside its warp; one shared-memory exchange of the
-// warp counts (a single barrier) gives each warp its offset, so a warp's valid slots land
-// contiguously in ascending column order (deterministic, unlike the atomics-based kernel
-// of vLLM) and the stores coalesce.
+// A tile is kThreads * kItems columns of one row, striped: item j of thread i is column
+// tile + j * kThreads + i, so every load and store of a warp touches consecutive columns.
+// With compaction, warp ballots give each valid slot its rank inside a 32-column run and
+// one shared-memory scan over the run counts places the runs, so a warp's valid slots
+// land contiguously in ascending column order (deterministic, unlike the atomics-based
+// kernel of vLLM) and the stores coalesce.
 //
 // Two ways to cover a row (ConvertPlan):
 // - split: the row's tiles go to `parts` CTAs (one tile each) that run side by side, so a
@@ -17,8 +15,7 @@
 //   valid count in shared memory and reads the lower parts' counts through distributed
 //   shared memory, which gives its compaction offset and the row total.
 // - per row: one CTA loops over the row's tiles (grid-stride over rows), carrying the
-//   running count from tile to tile: rows longer than one cluster's tiles, and many long
-//   rows, where a cluster exchange costs more than it spreads.
+//   running count from tile to tile: the bandwidth-bound shapes with many rows.
 #include <cooperative_groups.h>
 
 #include <atomic>
@@ -40,19 +37,15 @@ constexpr int kMaxParts = 8;
 
 /*!
  * \brief One tile of one row in registers: the slots, and (when counting) the ballots of
- *        valid slots.
+ *        valid slots and the exclusive offset of each 32-column run.
  */
 template <int kThreads, int kItems>
 struct Tile {
   static constexpr int kWarps = kThreads / 32;
-  static_assert(kWarps <= 32, "one lane per warp reads the warp counts");
+  static constexpr int kRuns = kItems * kWarps;  // 32-column runs per tile, column order
+  static_assert(kRuns <= 2 * 32, "one warp scans the run counts, two per lane");
   int32_t slot[kItems];
   unsigned valid[kItems];
-
-  //! Column of item j of this thread, relative to the tile's first column.
-  static __device__ __forceinline__ int column(int j) {
-    return (threadIdx.x / 32 * kItems + j) * 32 + threadIdx.x % 32;
-  }
 };
 
 //! Issues the token loads of the tile of row t that starts at column `first`.
@@ -64,7 +57,7 @@ __device__ __forceinline__ void load_tile(const ConvertIndexArgs& a, int64_t t, 
   const int64_t in_stride = kDense ? 1 : a.token_indices.col_stride;
 #pragma unroll
   for (int j = 0; j < kItems; ++j) {
-    const int64_t c = first + Tile<kThreads, kItems>::column(j);
+    const int64_t c = first + j * kThreads + threadIdx.x;
     // Token ids are read once: stream them (evict-first) so that L1 keeps the block-table
     // row that every token of the row gathers from.
     tile.slot[j] = c < K ? __ldcs(in + c * in_stride) : -1;
@@ -79,52 +72,54 @@ __device__ __forceinline__ void convert_loaded(const ConvertIndexArgs& a, const 
   for (int j = 0; j < kItems; ++j) tile.slot[j] = convert_token<kDenseTable>(a, row, tile.slot[j]);
 }
 
-//! Valid slots of a tile: before this thread's warp, and in the whole tile.
-struct TileCount {
-  int below = 0, total = 0;
-};
-
 /*!
- * \brief Ballots of the valid slots, then the valid count of the warps before this one
- *        and of the tile. Block-wide (every thread calls it, one barrier); `warp_count`
- *        ([kWarps] shared) may be rewritten only after another barrier.
+ * \brief Ballots of the valid slots and the exclusive prefix of valid slots per run in
+ *        run_offset[0, kRuns), the tile's total in run_offset[kRuns]. Block-wide: every
+ *        thread calls it; run_offset is readable when it returns.
  */
 template <int kThreads, int kItems>
-__device__ __forceinline__ TileCount count_tile(Tile<kThreads, kItems>& tile, int* warp_count) {
+__device__ __forceinline__ void count_tile(Tile<kThreads, kItems>& tile, int* run_offset) {
   constexpr int kWarps = Tile<kThreads, kItems>::kWarps;
+  constexpr int kRuns = Tile<kThreads, kItems>::kRuns;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  int n = 0;
 #pragma unroll
   for (int j = 0; j < kItems; ++j) {
     tile.valid[j] = __ballot_sync(0xffffffffu, tile.slot[j] >= 0);
-    n += __popc(tile.valid[j]);
+    if (lane == 0) run_offset[j * kWarps + warp] = __popc(tile.valid[j]);
   }
-  if (lane == 0) warp_count[warp] = n;
   __syncthreads();
-  TileCount count;
-  const int v = lane < kWarps ? warp_count[lane] : 0;
-  count.total = v;
-  count.below = lane < warp ? v : 0;
+  if (warp == 0) {  // exclusive scan of the kRuns counts, two per lane
+    const int n0 = 2 * lane < kRuns ? run_offset[2 * lane] : 0;
+    const int n1 = 2 * lane + 1 < kRuns ? run_offset[2 * lane + 1] : 0;
+    int incl = n0 + n1;
 #pragma unroll
-  for (int d = 16; d >= 1; d /= 2) {
-    count.total += __shfl_xor_sync(0xffffffffu, count.total, d);
-    count.below += __shfl_xor_sync(0xffffffffu, count.below, d);
+    for (int d = 1; d < 32; d *= 2) {
+      const int up = __shfl_up_sync(0xffffffffu, incl, d);
+      if (lane >= d) incl += up;
+    }
+    __syncwarp();
+    if (2 * lane < kRuns) run_offset[2 * lane] = incl - n0 - n1;
+    if (2 * lane + 1 < kRuns) run_offset[2 * lane + 1] = incl - n1;
+    if (lane == 31) run_offset[kRuns] = incl;
   }
-  return count;
+  __syncthreads();
 }
 
-//! Writes the tile's valid slots compacted, this warp's first at out[base] (column order).
+//! Writes the tile's valid slots compacted, the first at out[base] (column order kept).
 template <int kThreads, int kItems, bool kDense>
-__device__ __forceinline__ void store_compacted(const Tile<kThreads, kItems>& tile, int64_t base,
+__device__ __forceinline__ void store_compacted(const Tile<kThreads, kItems>& tile,
+                                                const int* run_offset, int64_t base,
                                                 int32_t* out, int64_t out_stride) {
-  const unsigned lanes_below = (1u << (threadIdx.x % 32)) - 1u;
+  constexpr int kWarps = Tile<kThreads, kItems>::kWarps;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const unsigned lanes_below = (1u << lane) - 1u;
 #pragma unroll
   for (int j = 0; j < kItems; ++j) {
     if (tile.slot[j] >= 0) {
-      const int64_t pos = base + __popc(tile.valid[j] & lanes_below);
+      const int64_t pos =
+          base + run_offset[j * kWarps + warp] + __popc(tile.valid[j] & lanes_below);
       out[(kDense ? pos : pos * out_stride)] = tile.slot[j];
     }
-    base += __popc(tile.valid[j]);
   }
 }
 
@@ -135,7 +130,7 @@ __device__ __forceinline__ void store_in_place(const Tile<kThreads, kItems>& til
                                                int64_t out_stride) {
 #pragma unroll
   for (int j = 0; j < kItems; ++j) {
-    const int64_t c = first + Tile<kThreads, kItems>::column(j);
+    const int64_t c = first + j * kThreads + threadIdx.x;
     if (c < K) out[(kDense ? c : c * out_stride)] = tile.slot[j];
   }
 }
@@ -144,7 +139,7 @@ __device__ __forceinline__ void store_in_place(const Tile<kThreads, kItems>& til
  * \brief Split rows: CTA `part` of row t converts columns [part * tile, (part + 1) * tile).
  *
  * kCluster (counts needed): the `parts` CTAs of a row are one cluster. A part's valid count
- * is part_count in its own shared memory; after a cluster barrier every warp reads
+ * is run_offset[kRuns] of its own shared memory; after a cluster barrier every warp reads
  * the counts of all parts (one lane each), which gives this part's compaction offset and
  * the row total. The second barrier (arrive after the reads, wait before exit) keeps each
  * part's shared memory alive until the others have read it. With compaction, the stores
@@ -155,9 +150,9 @@ template <int kItems, bool kCompact, bool kDense, bool kCluster>
 __global__ void __launch_bounds__(kSplitThreads)
     convert_split_kernel(const ConvertIndexArgs a, int parts) {
   constexpr int kThreads = kSplitThreads;
+  constexpr int kRuns = Tile<kThreads, kItems>::kRuns;
   constexpr int64_t kTile = static_cast<int64_t>(kThreads) * kItems;
-  __shared__ int warp_count[Tile<kThreads, kItems>::kWarps];
-  __shared__ int part_count;
+  __shared__ int run_offset[kRuns + 1];
   await_previous_kernel();
 
   const int64_t t = blockIdx.x / parts;
@@ -173,14 +168,13 @@ __global__ void __launch_bounds__(kSplitThreads)
   if constexpr (!kCluster) {
     store_in_place<kThreads, kItems, kDense>(tile, first, K, out, out_stride);
   } else {
-    const TileCount in_tile = count_tile<kThreads, kItems>(tile, warp_count);
-    int count = in_tile.total, below = 0;
+    count_tile<kThreads, kItems>(tile, run_offset);
+    int count = run_offset[kRuns], below = 0;
     cg::cluster_group cluster = cg::this_cluster();
     if (parts > 1) {
-      if (threadIdx.x == 0) part_count = in_tile.total;
       cluster.sync();  // every part's count is published (and every part's tile read)
       const int lane = threadIdx.x % 32;
-      count = lane < parts ? *cluster.map_shared_rank(&part_count, lane) : 0;
+      count = lane < parts ? *cluster.map_shared_rank(&run_offset[kRuns], lane) : 0;
       cluster.barrier_arrive();  // done with the other parts' shared memory
       below = lane < part ? count : 0;
 #pragma unroll
@@ -191,7 +185,7 @@ __global__ void __launch_bounds__(kSplitThreads)
     }
     const int64_t total = count;
     if constexpr (kCompact) {
-      store_compacted<kThreads, kItems, kDense>(tile, below + in_tile.below, out, out_stride);
+      store_compacted<kThreads, kItems, kDense>(tile, run_offset, below, out, out_stride);
       // This part also owns the -1 tail inside its own columns.
       const int64_t end = first + kTile < K ? first + kTile : K;
       for (int64_t c = (total > first ? total : first) + threadIdx.x; c < end; c += kThreads) {
@@ -215,8 +209,9 @@ template <int kThreads, bool kCompact, bool kDense>
 __global__ void __launch_bounds__(kThreads, kRowMinBlocks)
     convert_row_kernel(const ConvertIndexArgs a) {
   constexpr int kItems = kRowItems;
+  constexpr int kRuns = Tile<kThreads, kItems>::kRuns;
   constexpr int64_t kTile = static_cast<int64_t>(kThreads) * kItems;
-  __shared__ int warp_count[Tile<kThreads, kItems>::kWarps];
+  __shared__ int run_offset[kRuns + 1];
   await_previous_kernel();
 
   const int64_t K = a.token_indices.cols;
@@ -231,17 +226,16 @@ __global__ void __launch_bounds__(kThreads, kRowMinBlocks)
     const ConvertRow row = convert_row(a, t);
     for (int64_t first = 0;;) {
       convert_loaded<kThreads, kItems, kDense>(a, row, tile);
-      TileCount in_tile;
-      if (need_count) in_tile = count_tile<kThreads, kItems>(tile, warp_count);
+      if (need_count) count_tile<kThreads, kItems>(tile, run_offset);
       if constexpr (kCompact) {
-        store_compacted<kThreads, kItems, kDense>(tile, row_count + in_tile.below, out,
+        store_compacted<kThreads, kItems, kDense>(tile, run_offset, row_count, out,
                                                   out_stride);
       } else {
         store_in_place<kThreads, kItems, kDense>(tile, first, K, out, out_stride);
       }
       if (need_count) {
-        row_count += in_tile.total;
-        __syncthreads();  // warp_count is rewritten by the next tile
+        row_count += run_offset[kRuns];
+        __syncthreads();  // run_offset is rewritten by the next tile
       }
       first += kTile;
       if (first >= K) break;
