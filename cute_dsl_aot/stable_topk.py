@@ -1,4 +1,4 @@
-"""Stable global top-K of packed DCP candidates, written in CuTeDSL (spec section 6c).
+"""Stable global top-K of packed DCP candidates, written in CuTeDSL (docs/ops.md section 6c).
 
 Each candidate is one int64 whose bits are the unsigned key
 
