@@ -29,6 +29,15 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="needs a CUDA device"))
 
 
+@pytest.fixture(autouse=True)
+def _subnormals_kept():
+    """Every test starts with IEEE subnormals. A CPU torch.compile on torch before 2.5
+    loads inductor code built with -ffast-math, which turns on flush-to-zero for the
+    whole process; the bit-exact comparisons and hypothesis' float strategies (which
+    raise once they see subnormals flushed) need them."""
+    torch.set_flush_denormal(False)
+
+
 @pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
 def device(request):
     """The device an op runs on; its results are compared with the CPU reference."""

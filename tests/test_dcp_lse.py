@@ -309,7 +309,7 @@ def test_correction_bad_input_names_the_argument(change, error, text):
     (dict(world_size=3), ValueError, "heads (4) must be a multiple of world_size (3)"),
     (dict(rank=2), ValueError, "rank must be < world_size (2)"),
     (dict(all_gather=lambda o, i: None), ValueError, "both all_gather and reduce_scatter"),
-    (dict(), ValueError, "torch.distributed is not initialized"),
+    (dict(), ValueError, "not initialized; pass group= or all_gather= and reduce_scatter="),
 ])
 def test_merge_attention_bad_input_names_the_argument(change, error, text):
     kw = dict(out=torch.zeros(2, 4, 8), lse=torch.zeros(2, 4), rank=0, world_size=2)

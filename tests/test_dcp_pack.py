@@ -297,7 +297,7 @@ def test_pack_bad_input_names_the_argument(change, error, text):
 
 @pytest.mark.parametrize("change, error, text", [
     (dict(k=0), ValueError, "k must be >= 1"),
-    (dict(k=5), ValueError, "k must be <= 4"),
+    (dict(k=5), ValueError, "k must be <= topk_indices.shape[1] (4), got 5"),
     (dict(world_size=2), ValueError, "torch.distributed is not initialized"),
     (dict(world_size=2, all_gather=lambda o, i: None, group=object()), ValueError,
      "either group or all_gather"),

@@ -58,8 +58,18 @@ def test_decode_path_logged_once_per_decision(caplog):
 def test_decode_path_errors():
     with pytest.raises(ValueError, match="next_n must be >= 1"):
         decode_path((9, 0), 0)
-    with pytest.raises(ValueError, match="capability_major_minor"):
+    with pytest.raises(ValueError, match=r"capability_major_minor must be \(major, minor\), "
+                                         r"got \(9,\)"):
         decode_path((9,), 1)
+    with pytest.raises(ValueError, match=r"capability_major_minor must be \(major, minor\), "
+                                         "got 9"):
+        decode_path(9, 1)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error without CUDA")
+def test_builder_on_cuda_without_cuda_names_the_device():
+    with pytest.raises(ValueError, match="device is cuda, but this torch sees no CUDA device"):
+        IndexerMetadataBuilder("cuda", 1, 64, 4, 4096)
 
 
 # ---------------------------------------------------------------------------------------

@@ -197,6 +197,8 @@ GOOD = dict(req_id=torch.zeros(2, dtype=I32), block_table=torch.zeros(1, 4, dtyp
     (dict(dcp_rank=-1), ValueError, "dcp_rank must be >= 0"),
     (dict(block_stride=2), ValueError, "block_stride must be >= 4"),
     (dict(block_size=4.0), TypeError, "block_size must be an int"),
+    (dict(block_size=torch.tensor(4)), TypeError,
+     "block_size must be an int, got a tensor of shape ()"),
     (dict(out=torch.zeros(2, 7, dtype=I32)), ValueError, "out must have shape (2, 8)"),
     (dict(valid_counts=torch.zeros(2, dtype=torch.int64)), TypeError, "valid_counts must be int32"),
     (dict(idx_mapping=torch.zeros(2, 2, dtype=I32)), ValueError, "idx_mapping must be 1-D"),

@@ -1,5 +1,6 @@
 """The built module: machine code for the promised archs, no libtorch/libcudart linkage."""
 import glob
+import json
 import os
 import shutil
 import subprocess
@@ -63,3 +64,34 @@ def test_import_needs_no_gpu():
     out = subprocess.run([sys.executable, "-c", code], env=env, check=True,
                          capture_output=True, text=True).stdout
     assert out.strip() == "[[4, 4, 4, 4]]"
+
+
+def _module(*args, timeout=600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_self_check_help_prints_usage_and_runs_nothing():
+    run = _module("dsa_ext", "--help")
+    assert run.returncode == 0, run.stderr
+    assert "usage: python -m dsa_ext [-h] [--json]" in run.stdout
+    assert "passed" not in run.stdout  # no check ran
+
+
+def test_self_check_json_times_op_and_reference_apart():
+    run = _module("dsa_ext", "--json")
+    assert run.returncode == 0, run.stderr
+    # the report is the last line (an editable install's rebuild may print before it)
+    report = json.loads(run.stdout.strip().splitlines()[-1])
+    assert report["version"] == dsa_ext.__version__
+    assert report["cuda_archs"] == list(dsa_ext.cuda_archs)
+    assert report["failed"] == 0 and report["passed"] == len(report["checks"]) >= 7
+    for check in report["checks"]:
+        assert check["ok"] and check["op_ms"] > 0 and check["reference_ms"] > 0, check
+    assert "NumPy" not in run.stderr
+
+
+def test_bench_usage_names_the_module():
+    run = _module("dsa_ext.bench", "--help", timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert "usage: python -m dsa_ext.bench" in run.stdout

@@ -56,9 +56,13 @@ def integer(name: str, value, minimum: Optional[int] = None,
             maximum: Optional[int] = INT32_MAX) -> int:
     """Check an integer (bool is refused; NumPy integers are taken) against an inclusive
     range. A torch.SymInt (a size while torch.compile traces with dynamic shapes) passes:
-    its value is only known when the graph runs."""
+    its value is only known when the graph runs. A tensor is refused although a 1-element
+    integer tensor has __index__: reading it would be a host sync."""
     if isinstance(value, torch.SymInt):
         return value
+    if isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be an int, got a tensor of shape {tuple(value.shape)} "
+                        "(pass int(t) if a host read is meant)")
     if isinstance(value, bool) or not hasattr(type(value), "__index__"):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
     value = operator.index(value)

@@ -80,6 +80,9 @@ def resolve_device(device) -> torch.device:
     """A torch.device with its index filled in ("cuda" -> the current CUDA device), so it
     compares equal to the device of the tensors allocated on it."""
     device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device is {device}, but this torch sees no CUDA device "
+                         f"(torch {torch.__version__})")
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     return device

@@ -430,7 +430,8 @@ def format_table(result: dict) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m dsa_ext.bench",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--json", help="also write the results to this file")
     parser.add_argument("--filter", default="", help="only cases whose op/shape contain this")
     args = parser.parse_args(argv)

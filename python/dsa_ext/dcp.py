@@ -105,7 +105,9 @@ def _check_pack_inputs(logits: Tensor, topk_indices: Tensor,
         _checks.shape("row_starts", row_starts, (rows,))
 
 
-def _check_exchange(group, hook, hook_name: str, rank: int, world_size: int) -> None:
+def _check_exchange(group, hook, hook_name: str, rank: int, world_size: int,
+                    hooks_needed: Optional[str] = None) -> None:
+    """`hooks_needed`: what to pass instead of a group, when more than `hook_name`."""
     if hook is not None:
         if group is not None:
             raise ValueError(f"pass either group or {hook_name}, not both")
@@ -115,7 +117,7 @@ def _check_exchange(group, hook, hook_name: str, rank: int, world_size: int) -> 
     import torch.distributed as dist
     if not dist.is_available() or not dist.is_initialized():
         raise ValueError(f"world_size is {world_size} but torch.distributed is not "
-                         f"initialized; pass group= or {hook_name}=")
+                         f"initialized; pass group= or {hooks_needed or hook_name + '='}")
     got = dist.get_world_size(group)
     if got != world_size:
         raise ValueError(f"world_size ({world_size}) must equal the group's size, got {got}")
@@ -179,9 +181,17 @@ def reduce_scatter_into(output: Tensor, input: Tensor, group=None,
     """Sum `input` [W * rows, ...] over ranks and keep this rank's block [rows, ...] in
     `output`, through `hook` if given, else torch.distributed on `group`."""
     _collective("reduce_scatter", ("reduce_scatter_single", "reduce_scatter_tensor"),
-                lambda dist, w: dist.reduce_scatter(output, list(input.chunk(w)),
-                                                    group=group),
+                lambda dist, w: _reduce_scatter_by_all_reduce(dist, w, output, input, group),
                 output, input, group, hook)
+
+
+def _reduce_scatter_by_all_reduce(dist, world_size: int, output: Tensor, input: Tensor,
+                                  group) -> None:
+    """reduce_scatter on a backend without one (gloo has neither form before torch 2.5):
+    all-reduce a copy of `input`, keep this rank's block."""
+    total = input.clone()
+    dist.all_reduce(total, group=group)
+    output.copy_(total.chunk(world_size)[dist.get_rank(group)])
 
 
 def merge_topk_global(
@@ -244,7 +254,9 @@ def merge_topk_global(
     """
     _checks.tensor("topk_indices", topk_indices, torch.int32, 2)
     K = topk_indices.shape[1]
-    _checks.integer("k", k, 1, max(K, 1))
+    _checks.integer("k", k, 1)
+    if k > K:
+        raise ValueError(f"k must be <= topk_indices.shape[1] ({K}), got {k}")
     _checks.dcp_layout(world_size, rank, interleave, names=("world_size", "rank", "interleave"))
     if world_size == 1:
         return topk_indices
@@ -461,7 +473,8 @@ def merge_attention_outputs(
                          f"({world_size}) to scatter heads over ranks")
     if (all_gather is None) != (reduce_scatter is None):
         raise ValueError("pass both all_gather and reduce_scatter hooks, or neither")
-    _check_exchange(group, all_gather, "all_gather", rank, world_size)
+    _check_exchange(group, all_gather, "all_gather", rank, world_size,
+                    hooks_needed="all_gather= and reduce_scatter=")
     if reduce_scatter is not None and not callable(reduce_scatter):
         raise TypeError(f"reduce_scatter must be callable, got {type(reduce_scatter).__name__}")
     return _merge_attention(out, lse, rank, world_size, group, lse_base, return_lse,

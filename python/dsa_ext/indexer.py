@@ -66,10 +66,11 @@ def decode_path(capability_major_minor: Sequence[int], next_n: int,
         >>> dsa_ext.decode_path((9, 0), 4), dsa_ext.decode_path((10, 0), 4)
         ('flatten', 'native')
     """
-    if len(capability_major_minor) != 2:
+    try:
+        major, minor = (int(v) for v in capability_major_minor)
+    except (TypeError, ValueError):
         raise ValueError("capability_major_minor must be (major, minor), got "
-                         f"{tuple(capability_major_minor)}")
-    major, minor = (int(v) for v in capability_major_minor)
+                         f"{capability_major_minor!r}") from None
     _checks.integer("next_n", next_n, 1)
     rule = next(r for r in DECODE_PATH_RULES if not r.majors or major in r.majors)
     native = rule.native_next_n

@@ -87,7 +87,10 @@ def paged_mqa_logits(q: Tensor, kv_cache: Tensor, kv_scale: Optional[Tensor], we
     blocks = block_table[rows][:, blk_idx].long()                      # [N, P]
     valid_block = (blocks >= 0) & (blocks < num_blocks)
     blocks = torch.where(valid_block, blocks, torch.zeros_like(blocks))
-    k = kv_cache[blocks, p % block_size].float()                        # [N, P, D]
+    # 1-byte kinds (fp8) are gathered through a uint8 view: torch before 2.5 has no CPU
+    # index kernel for fp8.
+    raw = kv_cache.view(torch.uint8) if kv_cache.element_size() == 1 else kv_cache
+    k = raw[blocks, p % block_size].view(kv_cache.dtype).float()       # [N, P, D]
     if kv_scale is not None:
         k = k * kv_scale[blocks, p % block_size].float()[..., None]
     scores = torch.einsum("gjhd,gpd->gjhp", q.float(), k).relu()        # [N, n, H, P]
