@@ -87,7 +87,7 @@ def _check_convert(device: torch.device, clock: Clock) -> None:
 
 
 # ---------------------------------------------------------------------------------------
-# Indexer metadata (spec 1, 3, 4, 5)
+# Indexer metadata (docs/ops.md sections 1, 3, 4, 5)
 # ---------------------------------------------------------------------------------------
 
 
