@@ -7,6 +7,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <stdexcept>
@@ -69,6 +70,22 @@ class DeviceGuard {
  private:
   int previous_ = 0, target_ = 0;
 };
+
+//! SM count of a device, queried once per device (no synchronization involved).
+inline int sm_count(int64_t device) {
+  static std::atomic<int> cache[64] = {};
+  const bool cached = device >= 0 && device < 64;
+  if (cached) {
+    const int known = cache[device].load(std::memory_order_relaxed);
+    if (known > 0) return known;
+  }
+  int count = 0;
+  throw_on_cuda_error(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount,
+                                             static_cast<int>(device)),
+                      "cudaDeviceGetAttribute");
+  if (cached) cache[device].store(count, std::memory_order_relaxed);
+  return count;
+}
 
 /*!
  * \brief Whether launches let the next kernel start early (programmatic dependent launch):

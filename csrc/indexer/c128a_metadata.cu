@@ -7,8 +7,6 @@
 // Few, long-lived blocks pay the dependent loads of a row's setup (position, request,
 // table row) once per row instead of once per 4 KB of output. With dense 16-byte-aligned
 // rows each thread writes kItems columns as int4 stores, a warp's stores contiguous.
-#include <atomic>
-
 #include "c128a_metadata.h"
 
 namespace dsa {
@@ -47,22 +45,6 @@ __global__ void __launch_bounds__(kThreads) c128a_metadata_kernel(const C128AArg
 
 //! An empty view needs no alignment; a non-empty one must have dense aligned rows.
 bool vectorizable(const Strided2D<int32_t>& s) { return s.rows == 0 || s.rows_vectorizable(); }
-
-//! SM count of a device, queried once per device (no synchronization involved).
-int sm_count(int64_t device) {
-  static std::atomic<int> cache[64] = {};
-  const bool cached = device >= 0 && device < 64;
-  if (cached) {
-    const int known = cache[device].load(std::memory_order_relaxed);
-    if (known > 0) return known;
-  }
-  int count = 0;
-  throw_on_cuda_error(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount,
-                                             static_cast<int>(device)),
-                      "cudaDeviceGetAttribute");
-  if (cached) cache[device].store(count, std::memory_order_relaxed);
-  return count;
-}
 
 template <int kThreads>
 void launch(const C128AArgs& a, const Place& place) {

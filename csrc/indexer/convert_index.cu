@@ -252,22 +252,6 @@ __global__ void __launch_bounds__(kThreads, kRowMinBlocks)
   }
 }
 
-//! SM count of a device, queried once per device (no synchronization involved).
-int sm_count(int64_t device) {
-  static std::atomic<int> cache[64] = {};
-  const bool cached = device >= 0 && device < 64;
-  if (cached) {
-    const int known = cache[device].load(std::memory_order_relaxed);
-    if (known > 0) return known;
-  }
-  int count = 0;
-  throw_on_cuda_error(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount,
-                                             static_cast<int>(device)),
-                      "cudaDeviceGetAttribute");
-  if (cached) cache[device].store(count, std::memory_order_relaxed);
-  return count;
-}
-
 std::atomic<int> g_plan_override{-1};
 
 template <int kItems, bool kCompact, bool kDense>
