@@ -314,6 +314,12 @@ def test_row_offsets_beyond_2_pow_31_elements():
 # ---------------------------------------------------------------------------------------
 
 
+def test_plan_override_takes_only_built_plans():
+    from dsa_ext import _C
+    with pytest.raises(ValueError, match="got 3"):
+        _C.set_convert_plan_override(3)
+
+
 @pytest.mark.cuda
 def test_plans_by_shape():
     from dsa_ext import _C

@@ -19,6 +19,8 @@
 #include <cooperative_groups.h>
 
 #include <atomic>
+#include <stdexcept>
+#include <string>
 
 #include "convert_index.h"
 
@@ -314,6 +316,10 @@ ConvertPlan convert_plan(int64_t rows, int64_t cols, int64_t sms, bool counts) {
 }
 
 void set_convert_plan_override(int64_t code) {
+  if (code != -1 && code != 0 && code != 1 && code != 2 && code != 4 && code != 8) {
+    throw std::invalid_argument(
+        "set_convert_plan_override: code must be -1, 0, 1, 2, 4 or 8, got " + std::to_string(code));
+  }
   g_plan_override.store(static_cast<int>(code), std::memory_order_relaxed);
 }
 

@@ -106,8 +106,9 @@ ConvertPlan convert_plan(int64_t rows, int64_t cols, int64_t sms, bool counts);
 
 /*!
  * \brief Tests and tuning: code < 0 lets convert_plan choose (the default); 0 forces one
- *        CTA per row; n in 1..8 split rows of about n columns per thread (at least as many
- *        as put the row in one cluster, at most as many as the row needs).
+ *        CTA per row; n in {1, 2, 4, 8} split rows of about n columns per thread (at least
+ *        as many as put the row in one cluster, at most as many as the row needs); any
+ *        other code throws std::invalid_argument.
  */
 void set_convert_plan_override(int64_t code);
 
