@@ -15,7 +15,8 @@
 //   valid count in shared memory and reads the lower parts' counts through distributed
 //   shared memory, which gives its compaction offset and the row total.
 // - per row: one CTA loops over the row's tiles (grid-stride over rows), carrying the
-//   running count from tile to tile: the bandwidth-bound shapes with many rows.
+//   running count from tile to tile: rows longer than one cluster's tiles, and many
+//   counted rows of several tiles, where a cluster exchange costs more than it spreads.
 #include <cooperative_groups.h>
 
 #include <atomic>
@@ -261,8 +262,7 @@ void launch_split(const ConvertIndexArgs& a, int parts, bool cluster, cudaStream
   const unsigned grid = static_cast<unsigned>(a.token_indices.rows * parts);
   if (cluster) {
     launch_clustered_kernel(convert_split_kernel<kItems, kCompact, kDense, true>, grid,
-                            kSplitThreads, parts, 0, stream, "convert_index kernel launch", a,
-                            parts);
+                            kSplitThreads, parts, stream, "convert_index kernel launch", a, parts);
   } else {
     launch_kernel(convert_split_kernel<kItems, false, kDense, false>, grid, kSplitThreads,
                   stream, "convert_index kernel launch", a, parts);
