@@ -37,6 +37,7 @@ Tensor = torch.Tensor
 
 _LIB = torch.library.Library("dsa_ext", "DEF")
 
+
 def desc(t: Tensor) -> tuple:
     """(data_ptr, sizes..., strides...) of a tensor, strides in elements: the C++ side's
     Desc1 to Desc4 (csrc/common/strided.h) for 1-D to 4-D tensors."""
