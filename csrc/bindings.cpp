@@ -12,6 +12,7 @@
 #include "dcp/stable_topk.h"
 #include "indexer/convert_index.h"
 #include "indexer/seq_lens.h"
+#include "indexer/topk_per_row.h"
 
 namespace py = pybind11;
 
@@ -31,6 +32,26 @@ PYBIND11_MODULE(_C, m) {
   // How the conversion kernel covers a shape (tests, diagnostics), and a test override.
   m.def("convert_index_plan", &dsa::convert_index_plan);
   m.def("set_convert_plan_override", &dsa::set_convert_plan_override);
+  // docs/ops.md section 9: the indexer's per-row top-K of logits rows.
+  m.def("topk_per_row", &dsa::topk_per_row, py::arg("logits"), py::arg("k"),
+        py::arg("lengths"), py::arg("seq_lens"), py::arg("next_n"), py::arg("row_starts"),
+        py::arg("row_ends"), py::arg("sorted"), py::arg("out"), py::arg("is_bf16"),
+        py::arg("seq_lens_2d"), py::arg("device"), py::arg("stream"));
+  // docs/ops.md section 9: the per-row top-K converted to paged-KV slots in one kernel.
+  m.def("topk_to_slots", &dsa::topk_to_slots, py::arg("logits"), py::arg("k"),
+        py::arg("lengths"), py::arg("seq_lens"), py::arg("next_n"), py::arg("row_starts"),
+        py::arg("row_ends"), py::arg("req_id"), py::arg("block_table"),
+        py::arg("block_size"), py::arg("block_stride"), py::arg("compact"), py::arg("out"),
+        py::arg("valid_counts"), py::arg("is_bf16"), py::arg("seq_lens_2d"),
+        py::arg("device"), py::arg("stream"));
+  // docs/ops.md section 9: the per-row top-K packed into DCP candidate keys in one kernel.
+  m.def("topk_to_candidates", &dsa::topk_to_candidates, py::arg("logits"), py::arg("k"),
+        py::arg("lengths"), py::arg("seq_lens"), py::arg("next_n"), py::arg("row_starts"),
+        py::arg("row_ends"), py::arg("rank"), py::arg("world_size"), py::arg("interleave"),
+        py::arg("out"), py::arg("seq_lens_2d"), py::arg("device"), py::arg("stream"));
+  // How the per-row top-K kernel covers a shape (tests, diagnostics), and a test override.
+  m.def("topk_per_row_plan", &dsa::topk_per_row_plan);
+  m.def("set_topk_plan_override", &dsa::set_topk_plan_override);
   // docs/ops.md section 1: rank-local lengths (one rank, or one column per rank).
   m.def("dcp_local_seq_lens", &dsa::dcp_local_seq_lens, py::arg("seq_lens"),
         py::arg("rank"), py::arg("world_size"), py::arg("interleave"), py::arg("out"),

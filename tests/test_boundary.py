@@ -29,7 +29,8 @@ def test_every_public_op_is_declared():
     assert OPS == sorted([
         "build_c128a_topk_metadata", "convert_req_index_to_global_index",
         "correct_attention_output", "dcp_local_seq_lens", "expand_decode_seq_lens",
-        "pack_dcp_topk_candidates", "prefill_chunk_bounds", "stable_topk_from_candidates"])
+        "pack_dcp_topk_candidates", "prefill_chunk_bounds", "stable_topk_from_candidates",
+        "topk_per_row", "topk_to_candidates", "topk_to_slots"])
 
 
 def declared_parameters(name: str) -> list[str]:

@@ -128,12 +128,14 @@ __device__ __forceinline__ void await_previous_kernel() {
 
 /*!
  * \brief Launches `kernel` on `stream` in clusters of `cluster_x` CTAs along x (1: no
- *        cluster), as a programmatic dependent launch unless DSA_EXT_PDL=0; `what` names
- *        the op in the error.
+ *        cluster) with `dynamic_smem` bytes of dynamic shared memory per CTA, as a
+ *        programmatic dependent launch unless DSA_EXT_PDL=0; `what` names the op in the
+ *        error.
  */
 template <typename... Params, typename... Args>
 void launch_clustered_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, int cluster_x,
-                             cudaStream_t stream, const char* what, Args&&... args) {
+                             size_t dynamic_smem, cudaStream_t stream, const char* what,
+                             Args&&... args) {
   cudaLaunchAttribute attributes[2] = {};
   unsigned count = 0;
   if (programmatic_launch_enabled()) {
@@ -151,7 +153,7 @@ void launch_clustered_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, i
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;
-  config.dynamicSmemBytes = 0;
+  config.dynamicSmemBytes = dynamic_smem;
   config.stream = stream;
   config.attrs = attributes;
   config.numAttrs = count;
@@ -162,7 +164,7 @@ void launch_clustered_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, i
 template <typename... Params, typename... Args>
 void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream,
                    const char* what, Args&&... args) {
-  launch_clustered_kernel(kernel, grid, block, 1, stream, what, std::forward<Args>(args)...);
+  launch_clustered_kernel(kernel, grid, block, 1, 0, stream, what, std::forward<Args>(args)...);
 }
 #endif
 

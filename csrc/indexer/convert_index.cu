@@ -262,7 +262,8 @@ void launch_split(const ConvertIndexArgs& a, int parts, bool cluster, cudaStream
   const unsigned grid = static_cast<unsigned>(a.token_indices.rows * parts);
   if (cluster) {
     launch_clustered_kernel(convert_split_kernel<kItems, kCompact, kDense, true>, grid,
-                            kSplitThreads, parts, stream, "convert_index kernel launch", a, parts);
+                            kSplitThreads, parts, 0, stream, "convert_index kernel launch", a,
+                            parts);
   } else {
     launch_kernel(convert_split_kernel<kItems, false, kDense, false>, grid, kSplitThreads,
                   stream, "convert_index kernel launch", a, parts);

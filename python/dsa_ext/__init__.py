@@ -3,10 +3,11 @@
 Importing needs no GPU, no driver and no compiler: every kernel is compiled into the
 wheel (SASS for sm_90a and sm_100a) and nothing is compiled at run time.
 """
-from . import _C, dcp, indexer, mqa_logits, reference, seq_lens
+from . import _C, dcp, indexer, indexer_topk, mqa_logits, reference, seq_lens
 from .c128a import (C128AMetadataBuilder, build_c128a_topk_metadata, c128a_capacity,
                     c128a_topk_width)
 from .indexer import IndexerMetadataBuilder, decode_path
+from .indexer_topk import topk_per_row, topk_to_candidates, topk_to_slots
 from .kv_index import convert_req_index_to_global_index, safe_lengths
 from .dcp import (correct_attention_output, merge_attention_outputs, merge_topk_global,
                   normalize_lse, pack_dcp_topk_candidates)
@@ -27,6 +28,10 @@ __all__ = [
     "decode_path",
     "dcp",
     "indexer",
+    "indexer_topk",
+    "topk_per_row",
+    "topk_to_slots",
+    "topk_to_candidates",
     "mqa_logits",
     "reference",
     "seq_lens",

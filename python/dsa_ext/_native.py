@@ -266,6 +266,53 @@ def stable_topk_from_candidates(candidates: Tensor, out: Tensor, sorted: bool) -
                                    stream)
 
 
+def _seq_lens_desc(seq_lens: Optional[Tensor]) -> tuple:
+    """desc of decode lengths as 2-D: [B] as [B, 1], [B, next_n] as it is."""
+    if seq_lens is None:
+        return _ABSENT[2]
+    if seq_lens.dim() == 1:
+        return (seq_lens.data_ptr(), seq_lens.shape[0], 1, seq_lens.stride(0), 0)
+    return desc(seq_lens)
+
+
+@op(mutates=("out",), derived=("is_bf16", "seq_lens_2d"))
+def topk_per_row(logits: Tensor, k: int, lengths: Optional[Tensor],
+                 seq_lens: Optional[Tensor], next_n: int, row_starts: Optional[Tensor],
+                 row_ends: Optional[Tensor], sorted: bool, out: Tensor) -> None:
+    device, stream = place(logits)
+    _C.topk_per_row(desc(logits), k, optional_desc(lengths, 1), _seq_lens_desc(seq_lens),
+                    next_n, optional_desc(row_starts, 1), optional_desc(row_ends, 1), sorted,
+                    desc(out), logits.dtype == torch.bfloat16,
+                    seq_lens is not None and seq_lens.dim() == 2, device, stream)
+
+
+@op(mutates=("out", "valid_counts"), derived=("is_bf16", "seq_lens_2d"))
+def topk_to_slots(logits: Tensor, k: int, lengths: Optional[Tensor],
+                  seq_lens: Optional[Tensor], next_n: int, row_starts: Optional[Tensor],
+                  row_ends: Optional[Tensor], req_id: Tensor, block_table: Tensor,
+                  block_size: int, block_stride: int, compact: bool, out: Tensor,
+                  valid_counts: Optional[Tensor]) -> None:
+    device, stream = place(logits)
+    _C.topk_to_slots(desc(logits), k, optional_desc(lengths, 1), _seq_lens_desc(seq_lens),
+                     next_n, optional_desc(row_starts, 1), optional_desc(row_ends, 1),
+                     desc(req_id), desc(block_table), block_size, block_stride, compact,
+                     desc(out), optional_desc(valid_counts, 1),
+                     logits.dtype == torch.bfloat16,
+                     seq_lens is not None and seq_lens.dim() == 2, device, stream)
+
+
+@op(mutates=("out",), derived=("seq_lens_2d",))
+def topk_to_candidates(logits: Tensor, k: int, lengths: Optional[Tensor],
+                       seq_lens: Optional[Tensor], next_n: int, row_starts: Optional[Tensor],
+                       row_ends: Optional[Tensor], rank: int, world_size: int,
+                       interleave: int, out: Tensor) -> None:
+    device, stream = place(logits)
+    _C.topk_to_candidates(desc(logits), k, optional_desc(lengths, 1),
+                          _seq_lens_desc(seq_lens), next_n, optional_desc(row_starts, 1),
+                          optional_desc(row_ends, 1), rank, world_size, interleave, desc(out),
+                          seq_lens is not None and seq_lens.dim() == 2, device, stream)
+
+
 #: The element types correct_attention_output takes, as the C++ OutDtype values.
 ATTENTION_DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 

@@ -393,6 +393,61 @@ _register_stable_topk(64, 4, l2_warm=True)
 
 
 # ---------------------------------------------------------------------------------------
+# Cases: the indexer's per-row top-K (docs/ops.md section 9), k = 2048
+# ---------------------------------------------------------------------------------------
+
+
+def topk_logits(rows: int, L: int, device, seed: int, dtype=torch.float32,
+                distinct: int = 0) -> torch.Tensor:
+    """randn logits, or with `distinct` only that many distinct values (heavy ties)."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    if distinct:
+        x = torch.randint(0, distinct, (rows, L), generator=g, device=device).float()
+    else:
+        x = torch.randn(rows, L, generator=g, device=device)
+    return x.to(dtype)
+
+
+def _register_topk_per_row(rows: int, L: int, k: int = 2048, dtype=torch.float32,
+                           distinct: int = 0, next_n: int = 0, ragged: bool = False,
+                           sorted: bool = False):
+    nbytes = rows * L * dtype.itemsize + rows * k * 4  # logits read once, ids written
+    tags = ((" bf16" if dtype is torch.bfloat16 else "") +
+            (f" ties{distinct}" if distinct else "") + (f" next_n={next_n}" if next_n else "") +
+            (" ragged" if ragged else "") + (" sorted" if sorted else ""))
+
+    @case("topk_per_row", f"{rows}x{L} k={k}{tags}", nbytes)
+    def make(device, copies):
+        calls = []
+        for i in range(copies):
+            x = topk_logits(rows, L, device, i, dtype, distinct)
+            out = torch.empty(rows, k, dtype=torch.int32, device=device)
+            kw = {}
+            g = torch.Generator().manual_seed(i)
+            if next_n:  # decode: every request's context ends near L
+                kw = dict(seq_lens=torch.randint(L // 2, L + 1, (rows // next_n,), generator=g,
+                                                 dtype=torch.int32).to(device), next_n=next_n)
+            elif ragged:  # prefill: windows [ks, ke) of random lengths inside the row
+                ks = torch.randint(0, L // 4, (rows,), generator=g, dtype=torch.int32)
+                ke = ks + torch.randint(1, 3 * L // 4, (rows,), generator=g, dtype=torch.int32)
+                kw = dict(row_starts=ks.to(device), row_ends=ke.to(device))
+            calls.append(lambda x=x, o=out, kw=kw:
+                         dsa_ext.topk_per_row(x, k, out=o, sorted=sorted, **kw))
+        return calls
+
+
+for _L in (32768, 131072):
+    for _rows in (1, 64, 256):
+        _register_topk_per_row(_rows, _L)
+    _register_topk_per_row(64, _L, dtype=torch.bfloat16)
+    _register_topk_per_row(64, _L, distinct=16)
+_register_topk_per_row(64, 32768, next_n=4)
+_register_topk_per_row(64, 32768, ragged=True)
+_register_topk_per_row(64, 32768, sorted=True)
+_register_topk_per_row(1, 1 << 20)
+
+
+# ---------------------------------------------------------------------------------------
 # Driver
 # ---------------------------------------------------------------------------------------
 

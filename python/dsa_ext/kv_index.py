@@ -85,15 +85,10 @@ def convert_req_index_to_global_index(
     """
     _checks.tensor("token_indices", token_indices, torch.int32, 2)
     device = token_indices.device
-    _checks.tensor("req_id", req_id, torch.int32, 1, device)
-    _checks.tensor("block_table", block_table, torch.int32, 2, device)
     T, K = token_indices.shape
     if K < 1:
         raise ValueError(f"token_indices must have at least one column, got shape {(T, K)}")
-    _checks.shape("req_id", req_id, (T,))
-    _checks.integer("block_size", block_size, 1)
-    block_stride = block_size if block_stride is None else block_stride
-    _checks.integer("block_stride", block_stride, block_size)
+    block_stride = check_tables(req_id, block_table, block_size, block_stride, T, device)
     _checks.dcp_layout(dcp_world_size, dcp_rank, interleave, block_size)
     _checks.optional_tensor("idx_mapping", idx_mapping, torch.int32, 1, device)
     if prefill_request_id is not None:
@@ -122,6 +117,19 @@ def convert_req_index_to_global_index(
                  idx_mapping, prefill_request_id, prefill_workspace_starts,
                  prefill_workspace_rank_stride, out, valid_counts)
     return (out, valid_counts) if return_valid_counts else out
+
+
+def check_tables(req_id: Tensor, block_table: Tensor, block_size: int,
+                 block_stride: Optional[int], T: int, device: torch.device) -> int:
+    """Check the request ids of T rows, the block table and the block geometry; returns
+    the block stride (default: the block size)."""
+    _checks.tensor("req_id", req_id, torch.int32, 1, device)
+    _checks.tensor("block_table", block_table, torch.int32, 2, device)
+    _checks.shape("req_id", req_id, (T,))
+    _checks.integer("block_size", block_size, 1)
+    block_stride = block_size if block_stride is None else block_stride
+    _checks.integer("block_stride", block_stride, block_size)
+    return block_stride
 
 
 def safe_lengths(valid_counts: Tensor, indices: Optional[Tensor] = None) -> Tensor:

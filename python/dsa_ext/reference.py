@@ -314,11 +314,72 @@ def indexer_topk(logits: Tensor, k: int, lengths: Optional[Tensor] = None) -> Te
     descending, lower column first among ties; +NaN highest, -inf low); columns >=
     lengths[row] are not candidates; -1 fills a shortfall. This is the tie rule a rank's
     local top-K must follow for the DCP merge to equal the unsharded top-K."""
-    rows, L = logits.shape
-    pos = torch.arange(L, device=logits.device).expand(rows, L)
+    return topk_per_row(logits, k, lengths=lengths, sorted=True)
+
+
+# ---------------------------------------------------------------------------------------
+# Section 9: the indexer's per-row top-K
+# ---------------------------------------------------------------------------------------
+
+
+def row_windows(rows: int, L: int, lengths: Optional[Tensor] = None,
+                seq_lens: Optional[Tensor] = None, next_n: int = 1,
+                row_starts: Optional[Tensor] = None, row_ends: Optional[Tensor] = None
+                ) -> tuple[Tensor, Tensor]:
+    """int64 [rows] (start, end) of each row's column window, clamped into [0, L]."""
+    start = torch.zeros(rows, dtype=torch.int64)
+    end = torch.full((rows,), L, dtype=torch.int64)
     if lengths is not None:
-        pos = torch.where(pos < lengths.long()[:, None], pos, torch.full_like(pos, -1))
-    return stable_topk_from_candidates(encode_candidate_keys(logits, pos), k, sorted=True)
+        end = lengths.long()
+    elif seq_lens is not None and seq_lens.dim() == 2:
+        end = seq_lens.long().reshape(-1)
+    elif seq_lens is not None:
+        i = torch.arange(rows)
+        end = seq_lens.long()[i // next_n] - next_n + i % next_n + 1
+    elif row_starts is not None:
+        start, end = row_starts.long(), row_ends.long()
+    start = start.clamp(0, L)
+    end = torch.maximum(end.clamp(max=L), start)
+    return start, end
+
+
+def topk_per_row(logits: Tensor, k: int, *, lengths: Optional[Tensor] = None,
+                 seq_lens: Optional[Tensor] = None, next_n: int = 1,
+                 row_starts: Optional[Tensor] = None, row_ends: Optional[Tensor] = None,
+                 sorted: bool = False) -> Tensor:
+    """int32 [rows, k] (docs/ops.md section 9): in each row's window [start, end), the k
+    largest (score, lower column) pairs as the DCP merge's candidate keys (the column
+    relative to start as the id), in ascending id order (the keys' position order) or
+    with `sorted` descending; -1 fills a shortfall."""
+    rows, L = logits.shape
+    if L == 0:
+        return torch.full((rows, k), -1, dtype=torch.int32)
+    start, end = row_windows(rows, L, lengths, seq_lens, next_n, row_starts, row_ends)
+    col = torch.arange(L).expand(rows, L)
+    inside = (col >= start[:, None]) & (col < end[:, None])
+    ids = torch.where(inside, col - start[:, None], torch.full_like(col, -1))
+    # Inside a window the id grows with the column: position order is id order.
+    return stable_topk_from_candidates(encode_candidate_keys(logits.cpu(), ids), k,
+                                       sorted=sorted)
+
+
+def topk_to_slots(logits: Tensor, k: int, req_id: Tensor, block_table: Tensor,
+                  block_size: int, *, block_stride: Optional[int] = None,
+                  compact: bool = False, **bounds) -> tuple[Tensor, Tensor]:
+    """(slots int32 [rows, k], valid counts int32 [rows]): the conversion (section 2) of
+    the per-row top-K ids."""
+    ids = topk_per_row(logits, k, **bounds)
+    return convert_req_index_to_global_index(req_id, block_table, ids, block_size,
+                                             block_stride=block_stride, compact=compact)
+
+
+def topk_to_candidates(logits: Tensor, k: int, rank: int, world_size: int,
+                       interleave: int = 1, **bounds) -> Tensor:
+    """int64 [rows, k] candidate keys (section 6a) of the per-row top-K ids, the score
+    columns offset by the raw row_starts as pack_dcp_topk_candidates takes them."""
+    ids = topk_per_row(logits, k, **bounds)
+    return pack_dcp_topk_candidates(logits, ids, rank, world_size, interleave,
+                                    bounds.get("row_starts"))
 
 
 def pack_dcp_topk_candidates(logits: Tensor, topk_indices: Tensor, rank: int,

@@ -1,0 +1,548 @@
+"""The indexer's per-row top-K (docs/ops.md section 9): CPU and CUDA against the reference."""
+import math
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import dsa_ext
+from dsa_ext import reference
+from conftest import assert_equal, capture_graph, requires_cuda
+
+I32 = torch.int32
+BOUNDS = ("lengths", "seq_lens", "next_n", "row_starts", "row_ends")
+
+
+def run_both(device, logits, k, **kw):
+    """Run dsa_ext on `device` and the reference on the CPU; compare ids exactly."""
+    want = reference.topk_per_row(logits, k, **kw)
+    kw_dev = {n: v.to(device) if isinstance(v, torch.Tensor) else v for n, v in kw.items()}
+    got = dsa_ext.topk_per_row(logits.to(device), k, **kw_dev)
+    ctx = {n: v for n, v in kw.items() if not isinstance(v, torch.Tensor)}
+    assert_equal(got, want, k=k, shape=tuple(logits.shape), dtype=logits.dtype, **ctx)
+    return got.cpu()
+
+
+def ids(*rows):
+    return torch.tensor(rows, dtype=I32)
+
+
+# ---------------------------------------------------------------------------------------
+# Fixed vectors
+# ---------------------------------------------------------------------------------------
+
+
+def test_doc_example(device):
+    x = torch.tensor([[0.1, 3.0, -1.0, 3.0, 2.0]])
+    assert run_both(device, x, 3).tolist() == [[1, 3, 4]]
+    got = run_both(device, x, 3, row_starts=ids(2), row_ends=ids(5), sorted=True)
+    assert got.tolist() == [[1, 2, 0]]
+
+
+def test_special_values_follow_the_bit_order(device):
+    nan, inf = float("nan"), math.inf
+    neg_nan = -torch.tensor(nan)  # sign bit set: the lowest key
+    x = torch.tensor([[1.0, -0.0, nan, -inf, 0.0, inf, neg_nan.item(), -1.0]])
+    # +NaN > +inf > 1 > +0 > -0 > -1 > -inf > -NaN
+    got = run_both(device, x, 8, sorted=True)
+    assert got.tolist() == [[2, 5, 0, 4, 1, 7, 3, 6]]
+    assert run_both(device, x, 4).tolist() == [[0, 2, 4, 5]]
+
+
+def test_ties_go_to_the_lower_column(device):
+    x = torch.zeros(2, 300)
+    x[1, 100:] = 1.0
+    got = run_both(device, x, 150)
+    assert got[0].tolist() == list(range(150))
+    assert got[1].tolist() == list(range(100, 250))
+    got = run_both(device, x, 150, sorted=True)
+    assert got[1].tolist() == list(range(100, 250))
+
+
+def test_short_rows_give_every_column_then_minus_one(device):
+    x = torch.tensor([[5.0, 1.0, 3.0]])
+    assert run_both(device, x, 5).tolist() == [[0, 1, 2, -1, -1]]
+    assert run_both(device, x, 5, sorted=True).tolist() == [[0, 2, 1, -1, -1]]
+    assert run_both(device, x, 1).tolist() == [[0]]
+    empty = torch.zeros(3, 0)
+    assert run_both(device, empty, 2).tolist() == [[-1, -1]] * 3
+
+
+def test_bf16_is_ordered_by_its_fp32_value(device):
+    x = torch.tensor([[1.0, 1.0078125, -2.0, 3.5, float("inf"), 0.0]], dtype=torch.bfloat16)
+    assert run_both(device, x, 3, sorted=True).tolist() == [[4, 3, 1]]
+
+
+# ---------------------------------------------------------------------------------------
+# Row bounds
+# ---------------------------------------------------------------------------------------
+
+
+def test_lengths_clamp_past_the_row(device):
+    x = torch.arange(40, dtype=torch.float32).repeat(4, 1)
+    got = run_both(device, x, 4, lengths=ids(10, -3, 100, 0))
+    assert got.tolist() == [[6, 7, 8, 9], [-1] * 4, [36, 37, 38, 39], [-1] * 4]
+
+
+def test_decode_rule_for_next_n(device):
+    x = torch.arange(32, dtype=torch.float32).repeat(6, 1)
+    # rows 0..2 see S[0] - 3 + j + 1 = 8, 9, 10; rows 3..5 see 1, 2, 3 - 2 (S = 1)
+    got = run_both(device, x, 2, seq_lens=ids(10, 1), next_n=3, sorted=True)
+    assert got.tolist() == [[7, 6], [8, 7], [9, 8], [-1, -1], [-1, -1], [0, -1]]
+
+
+def test_decode_lengths_per_token(device):
+    x = torch.arange(16, dtype=torch.float32).repeat(4, 1)
+    seq = torch.tensor([[3, 20], [0, 5]], dtype=I32)
+    got = run_both(device, x, 2, seq_lens=seq)
+    assert got.tolist() == [[1, 2], [14, 15], [-1, -1], [3, 4]]
+    strided = torch.tensor([[3, 9, 20], [0, 9, 5]], dtype=I32)[:, ::2]
+    assert torch.equal(run_both(device, x, 2, seq_lens=strided, next_n=2), got)
+
+
+def test_prefill_windows_clamp(device):
+    x = torch.arange(20, dtype=torch.float32).repeat(5, 1)
+    ks = ids(3, -5, 18, 25, 7)
+    ke = ids(8, 2, 40, 30, 6)
+    got = run_both(device, x, 3, row_starts=ks, row_ends=ke)
+    # windows [3, 8), [0, 2), [18, 20), [20, 20), [7, 7): ids relative to the start
+    assert got.tolist() == [[2, 3, 4], [0, 1, -1], [0, 1, -1], [-1] * 3, [-1] * 3]
+
+
+# ---------------------------------------------------------------------------------------
+# Random cases
+# ---------------------------------------------------------------------------------------
+
+
+@st.composite
+def topk_cases(draw, max_cols=6000):
+    rows = draw(st.integers(1, 6))
+    L = draw(st.one_of(st.integers(0, 300), st.integers(0, max_cols),
+                       st.sampled_from([2047, 2048, 2049, 4096, 4100])))
+    k = draw(st.one_of(st.integers(1, 64), st.integers(1, max(1, L + 5)),
+                       st.sampled_from([1, 512, 2048, 4096])))
+    dtype = draw(st.sampled_from([torch.float32, torch.bfloat16]))
+    values = draw(st.sampled_from(["randn", "ties", "few", "special"]))
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
+    if values == "randn":
+        x = torch.randn(rows, L, generator=g)
+    elif values == "ties":
+        x = torch.randint(0, 16, (rows, L), generator=g).float()
+    elif values == "few":
+        x = torch.randint(0, 2, (rows, L), generator=g).float()
+    else:
+        table = torch.tensor([0.0, -0.0, 1.0, -1.0, math.inf, -math.inf, math.nan,
+                              -math.nan, 1e-40, -1e-40, 3.0e38])
+        x = table[torch.randint(0, len(table), (rows, L), generator=g)]
+    x = x.to(dtype)
+    kind = draw(st.sampled_from(["full", "lengths", "decode", "decode2d", "range"]))
+    kw = {}
+    bound = lambda n: torch.randint(-8, L + 9, (n,), generator=g, dtype=I32)  # noqa: E731
+    if kind == "lengths":
+        kw["lengths"] = bound(rows)
+    elif kind == "decode":
+        next_n = draw(st.integers(1, 3))
+        x = x.repeat(next_n, 1)
+        kw = dict(seq_lens=bound(rows), next_n=next_n)
+    elif kind == "decode2d":
+        x = x.repeat(2, 1)
+        kw = dict(seq_lens=bound(2 * rows).reshape(rows, 2))
+    elif kind == "range":
+        kw = dict(row_starts=bound(rows), row_ends=bound(rows))
+    kw["sorted"] = draw(st.booleans())
+    return x, k, kw
+
+
+@given(topk_cases())
+def test_random_cases_cpu(case):
+    x, k, kw = case
+    run_both(torch.device("cpu"), x, k, **kw)
+
+
+@pytest.mark.cuda
+@given(topk_cases())
+def test_random_cases_cuda(case):
+    x, k, kw = case
+    run_both(torch.device("cuda"), x, k, **kw)
+
+
+def test_long_row_on_cpu():
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(1, 1 << 20, generator=g)
+    x[0, 1000:1100] = 4.5  # a tie block at the threshold region
+    for sorted_ in (False, True):
+        run_both(torch.device("cpu"), x, 4096, sorted=sorted_)
+
+
+def test_default_order_is_independent_of_the_batch(device):
+    g = torch.Generator().manual_seed(12)
+    x = torch.randint(0, 8, (9, 5000), generator=g).float()
+    whole = dsa_ext.topk_per_row(x.to(device), 777)
+    for i in range(9):
+        assert torch.equal(dsa_ext.topk_per_row(x[i:i + 1].to(device), 777), whole[i:i + 1])
+
+
+# ---------------------------------------------------------------------------------------
+# Layouts and buffers
+# ---------------------------------------------------------------------------------------
+
+
+def test_row_stride_and_strided_out(device):
+    g = torch.Generator().manual_seed(13)
+    base = torch.randn(5, 3001, generator=g).to(device)
+    x = base[:, 1:2990]  # row stride 3001, rows start unaligned
+    big = torch.full((5, 300), 7, dtype=I32, device=device)
+    out = big[:, 3:203:2]
+    res = dsa_ext.topk_per_row(x, 100, out=out)
+    assert res is out
+    assert_equal(out, reference.topk_per_row(x.cpu(), 100))
+    untouched = torch.ones(300, dtype=torch.bool)
+    untouched[3:203:2] = False
+    assert (big[:, untouched] == 7).all()
+
+
+def test_unaligned_windows(device):
+    """Windows starting at every offset modulo 8 (the kernel's vector loads begin past an
+    unaligned head)."""
+    g = torch.Generator().manual_seed(14)
+    for dtype in (torch.float32, torch.bfloat16):
+        x = torch.randn(16, 5000, generator=g).to(dtype)
+        ks = torch.arange(16, dtype=I32)
+        ke = 4990 - torch.arange(16, dtype=I32) * 3
+        for sorted_ in (False, True):
+            run_both(device, x, 1000, row_starts=ks, row_ends=ke, sorted=sorted_)
+
+
+# ---------------------------------------------------------------------------------------
+# Errors
+# ---------------------------------------------------------------------------------------
+
+X = torch.zeros(4, 10)
+
+
+@pytest.mark.parametrize("args, kw, error, text", [
+    ((torch.zeros(4, 10, dtype=torch.float16), 2), {}, TypeError,
+     "logits must be float32 or bfloat16, got torch.float16"),
+    ((torch.zeros(10), 2), {}, ValueError, "logits must be 2-D, got shape (10,)"),
+    ((torch.zeros(10, 4).t(), 2), {}, ValueError, "logits must have column stride 1"),
+    ((X, 0), {}, ValueError, "k must be >= 1, got 0"),
+    ((X, 2.0), {}, TypeError, "k must be an int, got float"),
+    ((X, 2), dict(lengths=torch.zeros(4, dtype=torch.int64)), TypeError,
+     "lengths must be int32, got torch.int64"),
+    ((X, 2), dict(lengths=torch.zeros(3, dtype=I32)), ValueError,
+     "lengths must have shape (4,), got (3,)"),
+    ((X, 2), dict(seq_lens=torch.zeros(3, dtype=I32)), ValueError,
+     "logits must have seq_lens.shape[0] * 1 = 3 rows, got 4"),
+    ((X, 2), dict(seq_lens=torch.zeros(2, dtype=I32), next_n=3), ValueError,
+     "logits must have seq_lens.shape[0] * 3 = 6 rows, got 4"),
+    ((X, 2), dict(seq_lens=torch.zeros(2, 2, dtype=I32), next_n=3), ValueError,
+     "next_n (3) applies to 1-D seq_lens"),
+    ((X, 2), dict(next_n=2), ValueError, "next_n (2) applies to 1-D seq_lens"),
+    ((X, 2), dict(next_n=0), ValueError, "next_n must be >= 1, got 0"),
+    ((X, 2), dict(row_starts=torch.zeros(4, dtype=I32)), ValueError,
+     "row_starts and row_ends must be given together, got only row_starts"),
+    ((X, 2), dict(lengths=torch.zeros(4, dtype=I32), seq_lens=torch.zeros(4, dtype=I32)),
+     ValueError, "pass at most one kind of row bounds, got lengths and seq_lens"),
+    ((X, 2), dict(sorted=1), TypeError, "sorted must be a bool, got int"),
+    ((X, 2), dict(out=torch.zeros(4, 3, dtype=I32)), ValueError,
+     "out must have shape (4, 2), got (4, 3)"),
+    ((X, 2), dict(out=torch.zeros(4, 2, dtype=torch.int64)), TypeError,
+     "out must be int32, got torch.int64"),
+    (([[1.0]], 2), {}, TypeError, "logits must be a torch.Tensor, got list"),
+])
+def test_bad_input_names_the_argument(args, kw, error, text):
+    with pytest.raises(error) as info:
+        dsa_ext.topk_per_row(*args, **kw)
+    assert text in str(info.value)
+
+
+@requires_cuda
+def test_cuda_limits_and_devices():
+    with pytest.raises(ValueError, match="lengths must be on cuda"):
+        dsa_ext.topk_per_row(X.cuda(), 2, lengths=torch.zeros(4, dtype=I32))
+    with pytest.raises(ValueError, match="k must be <= 16384 on CUDA with sorted=True"):
+        dsa_ext.topk_per_row(torch.zeros(1, 20000, device="cuda"), 16385, sorted=True)
+
+
+# ---------------------------------------------------------------------------------------
+# torch.compile, CUDA graphs, host syncs
+# ---------------------------------------------------------------------------------------
+
+
+def test_torch_compile_fullgraph(device):
+    def step(x, ks, ke, out):
+        dsa_ext.topk_per_row(x, 64, row_starts=ks, row_ends=ke, out=out)
+        return out + 0
+
+    g = torch.Generator().manual_seed(15)
+    x = torch.randn(3, 500, generator=g)
+    ks, ke = ids(0, 10, 400), ids(500, 300, 450)
+    out = torch.empty(3, 64, dtype=I32, device=device)
+    torch._dynamo.reset()
+    got = torch.compile(step, fullgraph=True)(x.to(device), ks.to(device), ke.to(device), out)
+    assert_equal(got, reference.topk_per_row(x, 64, row_starts=ks, row_ends=ke))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("sorted_", [False, True])
+def test_cuda_graph_replay_with_new_inputs_and_no_sync(sorted_):
+    B, next_n, L, k = 8, 4, 40000, 2048
+    x = torch.empty(B * next_n, L, device="cuda")
+    seq = torch.empty(B, dtype=I32, device="cuda")
+    out = torch.empty(B * next_n, k, dtype=I32, device="cuda")
+
+    def step():
+        dsa_ext.topk_per_row(x, k, seq_lens=seq, next_n=next_n, sorted=sorted_, out=out)
+
+    x.copy_(torch.randn(B * next_n, L))
+    seq.fill_(L)
+    graph = capture_graph(step)
+    for seed in range(3):
+        gen = torch.Generator().manual_seed(200 + seed)
+        x.copy_(torch.randint(0, 50, (B * next_n, L), generator=gen).float())
+        seq.copy_(torch.randint(-5, L + 100, (B,), generator=gen, dtype=I32))
+        graph.replay()
+        want = reference.topk_per_row(x.cpu(), k, seq_lens=seq.cpu(), next_n=next_n,
+                                      sorted=sorted_)
+        assert_equal(out, want, seed=seed)
+
+
+# ---------------------------------------------------------------------------------------
+# Every kernel plan (cluster sizes, resident and streamed slices)
+# ---------------------------------------------------------------------------------------
+
+
+def test_plan_override_takes_only_built_plans():
+    from dsa_ext import _C
+    for code in (0, 17, 100, 117):
+        with pytest.raises(ValueError, match=f"got {code}"):
+            _C.set_topk_plan_override(code)
+
+
+@pytest.mark.cuda
+def test_plans_by_shape():
+    from dsa_ext import _C
+    plan = lambda rows, L: tuple(_C.topk_per_row_plan(rows, L, False, 0))  # noqa: E731
+    assert plan(1, 32768) == (8, 4096, 1)
+    assert plan(256, 32768) == (2, 16384, 1)
+    assert plan(256, 131072) == (6, 21846, 1)
+    assert plan(1, 1 << 20) == (8, 131072, 0)  # past the cluster's shared memory: streamed
+    assert plan(100000, 100) == (1, 100, 1)
+
+
+PLANS = [1, 2, 3, 5, 8, 16, 101, 104, 108]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("plan", PLANS)
+@given(case=topk_cases(max_cols=20000))
+def test_every_plan_matches_reference(plan, case):
+    from dsa_ext import _C
+    x, k, kw = case
+    _C.set_topk_plan_override(plan)
+    try:
+        run_both(torch.device("cuda"), x, k, **kw)
+    finally:
+        _C.set_topk_plan_override(-1)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("L, plan", [(1 << 20, -1), ((1 << 20) + 3, -1), (300000, 8),
+                                     (400000, 16)])
+def test_long_rows_on_cuda_equal_the_cpu(L, plan):
+    from dsa_ext import _C
+    g = torch.Generator().manual_seed(L)
+    x = torch.randn(2, L, generator=g)
+    x[1] = torch.randint(0, 16, (L,), generator=g).float()
+    _C.set_topk_plan_override(plan)
+    try:
+        for k, sorted_ in ((2048, False), (4096, True), (70000, False)):
+            got = dsa_ext.topk_per_row(x.cuda(), k, sorted=sorted_)
+            assert_equal(got, dsa_ext.topk_per_row(x, k, sorted=sorted_), L=L, k=k)
+    finally:
+        _C.set_topk_plan_override(-1)
+
+
+# ---------------------------------------------------------------------------------------
+# topk_to_slots: the top-K through the index conversion, one kernel
+# ---------------------------------------------------------------------------------------
+
+
+def slots_both(device, x, k, req_id, table, block_size, **kw):
+    want, want_counts = reference.topk_to_slots(x, k, req_id, table, block_size, **kw)
+    dev = {n: v.to(device) if isinstance(v, torch.Tensor) else v for n, v in kw.items()}
+    got, counts = dsa_ext.topk_to_slots(x.to(device), k, req_id.to(device), table.to(device),
+                                        block_size, return_valid_counts=True, **dev)
+    ctx = {n: v for n, v in kw.items() if not isinstance(v, torch.Tensor)}
+    assert_equal(got, want, k=k, shape=tuple(x.shape), **ctx)
+    assert_equal(counts, want_counts, k=k, **ctx)
+    return got.cpu(), counts.cpu()
+
+
+def test_slots_vector(device):
+    x = torch.tensor([[0.5, 2.0, -1.0, 3.0, 1.0, 9.0]] * 3)
+    table = torch.tensor([[10, -1], [7, 8]], dtype=I32)
+    req = ids(0, 1, 5)  # row 2: no such request
+    got, counts = slots_both(device, x, 4, req, table, 4)
+    # ids 1, 3, 4, 5: row 0 -> 41, 43, then block 1 holds -1 (a negative slot): invalid
+    assert got.tolist() == [[41, 43, -1, -1], [29, 31, 32, 33], [-1] * 4]
+    assert counts.tolist() == [2, 4, 0]
+    got, _ = slots_both(device, x, 4, req, table, 4, compact=True, block_stride=16)
+    assert got.tolist() == [[161, 163, -1, -1], [113, 115, 128, 129], [-1] * 4]
+
+
+@st.composite
+def slots_cases(draw, max_cols=6000):
+    x, k, kw = draw(topk_cases(max_cols))
+    kw.pop("sorted")
+    rows, L = x.shape
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
+    block_size = draw(st.sampled_from([1, 4, 64]))
+    blocks = draw(st.integers(1, max(1, L // block_size + 2)))
+    table = torch.randint(-2, 1 << 16, (3, blocks), generator=g, dtype=I32)
+    req = torch.randint(-1, 4, (rows,), generator=g, dtype=I32)
+    kw["compact"] = draw(st.booleans())
+    kw["block_stride"] = block_size * draw(st.sampled_from([1, 3]))
+    return x, k, req, table, block_size, kw
+
+
+@given(slots_cases())
+def test_slots_random_cases_cpu(case):
+    x, k, req, table, block_size, kw = case
+    slots_both(torch.device("cpu"), x, k, req, table, block_size, **kw)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("plan", [-1, 1, 3, 8, 104])
+@given(case=slots_cases(max_cols=20000), counts=st.booleans())
+def test_slots_every_plan_matches_reference(plan, case, counts):
+    from dsa_ext import _C
+    x, k, req, table, block_size, kw = case
+    want, want_counts = reference.topk_to_slots(x, k, req, table, block_size, **kw)
+    dev = {n: v.cuda() if isinstance(v, torch.Tensor) else v for n, v in kw.items()}
+    _C.set_topk_plan_override(plan)
+    try:
+        got = dsa_ext.topk_to_slots(x.cuda(), k, req.cuda(), table.cuda(), block_size,
+                                    return_valid_counts=counts, **dev)
+    finally:
+        _C.set_topk_plan_override(-1)
+    if counts:
+        got, got_counts = got
+        assert_equal(got_counts, want_counts)
+    assert_equal(got, want)
+
+
+@pytest.mark.cuda
+def test_slots_graph_replay_and_compile():
+    rows, L, k = 16, 30000, 2048
+    g = torch.Generator().manual_seed(21)
+    x = torch.randn(rows, L, generator=g).cuda()
+    table = torch.randint(0, 1 << 16, (4, L // 64 + 1), generator=g, dtype=I32).cuda()
+    req = torch.randint(0, 4, (rows,), generator=g, dtype=I32).cuda()
+    lens = torch.randint(0, L, (rows,), generator=g, dtype=I32).cuda()
+    out = torch.empty(rows, k, dtype=I32, device="cuda")
+    counts = torch.empty(rows, dtype=I32, device="cuda")
+
+    def step():
+        dsa_ext.topk_to_slots(x, k, req, table, 64, lengths=lens, compact=True, out=out,
+                              valid_counts=counts)
+
+    graph = capture_graph(step)
+    for seed in range(2):
+        gen = torch.Generator().manual_seed(300 + seed)
+        x.copy_(torch.randint(0, 30, (rows, L), generator=gen).float())
+        lens.copy_(torch.randint(-3, L + 3, (rows,), generator=gen, dtype=I32))
+        graph.replay()
+        want, want_counts = reference.topk_to_slots(x.cpu(), k, req.cpu(), table.cpu(), 64,
+                                                    lengths=lens.cpu(), compact=True)
+        assert_equal(out, want, seed=seed)
+        assert_equal(counts, want_counts, seed=seed)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda: (step(), out + 0)[1], fullgraph=True)
+    assert_equal(compiled(), want)
+
+
+def test_slots_bad_input_names_the_argument():
+    with pytest.raises(ValueError, match=r"req_id must have shape \(4,\), got \(3,\)"):
+        dsa_ext.topk_to_slots(X, 2, torch.zeros(3, dtype=I32), torch.zeros(1, 2, dtype=I32), 4)
+    with pytest.raises(ValueError, match="block_stride must be >= 4, got 2"):
+        dsa_ext.topk_to_slots(X, 2, torch.zeros(4, dtype=I32), torch.zeros(1, 2, dtype=I32), 4,
+                              block_stride=2)
+    with pytest.raises(ValueError, match=r"valid_counts must have shape \(4,\)"):
+        dsa_ext.topk_to_slots(X, 2, torch.zeros(4, dtype=I32), torch.zeros(1, 2, dtype=I32), 4,
+                              valid_counts=torch.zeros(5, dtype=I32))
+
+
+# ---------------------------------------------------------------------------------------
+# topk_to_candidates: the top-K packed into DCP candidate keys, one kernel
+# ---------------------------------------------------------------------------------------
+
+
+def candidates_both(device, x, k, rank, world, interleave, **kw):
+    want = reference.topk_to_candidates(x, k, rank, world, interleave, **kw)
+    dev = {n: v.to(device) if isinstance(v, torch.Tensor) else v for n, v in kw.items()}
+    got = dsa_ext.topk_to_candidates(x.to(device), k, rank, world, interleave, **dev)
+    assert_equal(got, want, k=k, shape=tuple(x.shape), rank=rank, world=world)
+    return got.cpu()
+
+
+def test_candidates_vector(device):
+    x = torch.tensor([[0.5, 2.0, -1.0, 4.0]])
+    keys = candidates_both(device, x, 5, 1, 2, 1)
+    assert reference.decode_candidate_gids(keys).tolist() == [[1, 3, 5, 7, -1]]
+    # a row start past the row: no column, every key invalid; a negative start reads
+    # the clamped column as the unfused pack does
+    x2 = torch.tensor([[0.5, 2.0, -1.0, 4.0]] * 2)
+    keys = candidates_both(device, x2, 2, 0, 1, 1, row_starts=ids(-2, 9), row_ends=ids(4, 9))
+    assert reference.decode_candidate_gids(keys).tolist() == [[1, 3], [-1, -1]]
+
+
+@st.composite
+def candidates_cases(draw, max_cols=6000):
+    x, k, kw = draw(topk_cases(max_cols))
+    kw.pop("sorted")
+    world = draw(st.integers(1, 8))
+    return x.float(), k, draw(st.integers(0, world - 1)), world, draw(
+        st.sampled_from([1, 2, 64])), kw
+
+
+@given(candidates_cases())
+def test_candidates_random_cases_cpu(case):
+    candidates_both(torch.device("cpu"), *case[:5], **case[5])
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("plan", [-1, 2, 16, 108])
+@given(case=candidates_cases(max_cols=20000))
+def test_candidates_every_plan_matches_reference(plan, case):
+    from dsa_ext import _C
+    _C.set_topk_plan_override(plan)
+    try:
+        candidates_both(torch.device("cuda"), *case[:5], **case[5])
+    finally:
+        _C.set_topk_plan_override(-1)
+
+
+def test_candidates_then_merge_equals_the_unsharded_topk():
+    """DCP: each rank's fused candidates, gathered and merged, give the top-K of the whole
+    (unsharded) rows."""
+    g = torch.Generator().manual_seed(22)
+    world, interleave, L, k = 4, 2, 4000, 300
+    full = torch.randint(0, 40, (3, L), generator=g).float()
+    position = torch.arange(L)
+    gathered = []
+    for r in range(world):
+        local = full[:, reference.dcp_owner(position, world, interleave) == r]
+        gathered.append(dsa_ext.topk_to_candidates(local.contiguous(), k, r, world, interleave))
+    merged = dsa_ext.stable_topk_from_candidates(torch.stack(gathered), k, sorted=True)
+    assert_equal(merged, reference.topk_per_row(full, k, sorted=True))
+
+
+def test_candidates_bad_input_names_the_argument():
+    with pytest.raises(TypeError, match="logits must be float32 .* got torch.bfloat16"):
+        dsa_ext.topk_to_candidates(X.bfloat16(), 2, 0, 2)
+    with pytest.raises(ValueError, match=r"rank must be < world_size \(2\), got 2"):
+        dsa_ext.topk_to_candidates(X, 2, 2, 2)
+    with pytest.raises(TypeError, match="out must be int64"):
+        dsa_ext.topk_to_candidates(X, 2, 0, 2, out=torch.zeros(4, 2, dtype=I32))
