@@ -546,3 +546,59 @@ def test_candidates_bad_input_names_the_argument():
         dsa_ext.topk_to_candidates(X, 2, 2, 2)
     with pytest.raises(TypeError, match="out must be int64"):
         dsa_ext.topk_to_candidates(X, 2, 0, 2, out=torch.zeros(4, 2, dtype=I32))
+
+
+# ---------------------------------------------------------------------------------------
+# merge_topk_global_from_logits: logits -> fused candidates -> exchange -> stable top-K
+# ---------------------------------------------------------------------------------------
+
+
+def rank_windows(case, rank):
+    """This rank's window bounds: its local lengths, after its row start when padded."""
+    r = case["ranks"][rank]
+    local_len = reference.dcp_local_length(case["lengths"], rank, case["world"],
+                                           case["interleave"]).to(I32)
+    if r["row_starts"] is None:
+        return dict(lengths=local_len.to(r["logits"].device))
+    starts = r["row_starts"]
+    return dict(row_starts=starts, row_ends=starts + local_len.to(starts.device))
+
+
+@pytest.mark.parametrize("world, interleave", [(4, 1), (2, 16), (4, 2)])
+def test_merge_from_logits_equals_the_unsharded_topk(device, world, interleave):
+    from dcp_cases import fake_all_gather, make_topk_case
+    for seed in range(3):
+        case = make_topk_case(40 + seed, world, interleave, rows=7, max_len=120, k=12,
+                              row_starts=seed == 1, device=device)
+        k = case["k"]
+        packed = [reference.topk_to_candidates(r["logits"].cpu(), k, rank, world, interleave,
+                                               **{n: v.cpu() for n, v in
+                                                  rank_windows(case, rank).items()})
+                  for rank, r in enumerate(case["ranks"])]
+        gathered_order = reference.stable_topk_from_candidates(torch.stack(packed), k)
+        for rank, r in enumerate(case["ranks"]):
+            for order in (False, True):
+                got = dsa_ext.merge_topk_global_from_logits(
+                    r["logits"], k, rank=rank, world_size=world, interleave=interleave,
+                    all_gather=fake_all_gather([p.to(device) for p in packed], rank),
+                    sorted=order, **rank_windows(case, rank))
+                want = (reference.topk_per_row(case["scores"], k, lengths=case["lengths"],
+                                               sorted=True) if order else gathered_order)
+                assert_equal(got, want, rank=rank, seed=seed, sorted=order)
+        # the default order holds the unsharded set
+        unsharded = reference.topk_per_row(case["scores"], k, lengths=case["lengths"])
+        assert torch.equal(gathered_order.sort(dim=1).values, unsharded.sort(dim=1).values)
+
+
+def test_merge_from_logits_world_one_is_the_local_topk(device):
+    x = torch.randn(3, 50, generator=torch.Generator().manual_seed(41)).to(device)
+    got = dsa_ext.merge_topk_global_from_logits(x, 7, rank=0, world_size=1)
+    assert_equal(got, reference.topk_per_row(x.cpu(), 7))
+
+
+def test_merge_from_logits_checks_before_the_exchange():
+    with pytest.raises(TypeError, match="logits must be float32"):
+        dsa_ext.merge_topk_global_from_logits(X.bfloat16(), 2, rank=0, world_size=2,
+                                              all_gather=lambda o, i: None)
+    with pytest.raises(ValueError, match="not initialized"):
+        dsa_ext.merge_topk_global_from_logits(X, 2, rank=0, world_size=2)

@@ -10,7 +10,7 @@ from .indexer import IndexerMetadataBuilder, decode_path
 from .indexer_topk import topk_per_row, topk_to_candidates, topk_to_slots
 from .kv_index import convert_req_index_to_global_index, safe_lengths
 from .dcp import (correct_attention_output, merge_attention_outputs, merge_topk_global,
-                  normalize_lse, pack_dcp_topk_candidates)
+                  merge_topk_global_from_logits, normalize_lse, pack_dcp_topk_candidates)
 from .topk import stable_topk_from_candidates
 
 __version__ = _C.__version__
@@ -37,6 +37,7 @@ __all__ = [
     "seq_lens",
     "pack_dcp_topk_candidates",
     "merge_topk_global",
+    "merge_topk_global_from_logits",
     "stable_topk_from_candidates",
     "normalize_lse",
     "correct_attention_output",

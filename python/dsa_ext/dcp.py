@@ -13,6 +13,7 @@ from typing import Callable, Optional
 import torch
 
 from . import _checks, _native
+from .indexer_topk import check_topk_inputs
 from .topk import check_selection
 
 Tensor = torch.Tensor
@@ -268,6 +269,74 @@ def merge_topk_global(
     _check_exchange(group, all_gather, "all_gather", rank, world_size)
     return _merge_topk(logits, topk_indices, k, rank, world_size, interleave, group,
                        all_gather, row_starts, sorted)
+
+
+def merge_topk_global_from_logits(
+    logits: Tensor,
+    k: int,
+    *,
+    rank: int,
+    world_size: int,
+    interleave: int = 1,
+    group=None,
+    all_gather: Optional[AllGather] = None,
+    lengths: Optional[Tensor] = None,
+    seq_lens: Optional[Tensor] = None,
+    next_n: int = 1,
+    row_starts: Optional[Tensor] = None,
+    row_ends: Optional[Tensor] = None,
+    sorted: bool = False,
+    out: Optional[Tensor] = None,
+) -> Tensor:
+    """Exact global top-k across DCP ranks, starting from this rank's logits
+    (docs/ops.md sections 6 and 9): the local top-k is selected and packed into
+    candidate keys in one kernel (``topk_to_candidates``), the ``W * k`` candidates per
+    row are all-gathered and ``stable_topk_from_candidates`` keeps the k best. Every rank
+    gets the same global ids in the same order (by default rank 0's local top-k first,
+    each in ascending local position, then rank 1's, ...; ``sorted=True``: score
+    descending, then global id ascending), -1 where the whole row has fewer than k
+    tokens. The set (and with ``sorted=True`` the order) equals the unsharded
+    ``topk_per_row`` of the whole rows when each rank's window holds its local positions
+    of the row (for example ``lengths`` = the rank-local lengths of section 1).
+
+    Args:
+        logits: fp32 ``[rows, L]`` this rank's indexer logits (local positions).
+        k: number of global ids, ``k >= 1`` (also each rank's local top-k).
+        rank, world_size, interleave: the DCP layout (r, W, I).
+        group, all_gather: the exchange, as :func:`merge_topk_global`.
+        lengths, seq_lens, next_n, row_starts, row_ends: this rank's row windows, as
+            ``topk_per_row`` (ids relative to the window start are the local positions).
+        sorted: descending score order instead of gathered order.
+        out: optional int32 ``[rows, k]`` output.
+
+    Returns:
+        int32 ``[rows, k]`` global ids (``out`` when given). No host sync.
+    """
+    rows = check_topk_inputs(logits, k, lengths, seq_lens, next_n, row_starts, row_ends,
+                             sorted)
+    if logits.dtype is not torch.float32:
+        raise TypeError(f"logits must be float32 (the candidate keys hold fp32 scores), "
+                        f"got {logits.dtype}")
+    _checks.dcp_layout(world_size, rank, interleave, names=("world_size", "rank", "interleave"))
+    device = logits.device
+    if out is None:
+        out = torch.empty((rows, k), dtype=torch.int32, device=device)
+    else:
+        _checks.tensor("out", out, torch.int32, 2, device)
+        _checks.shape("out", out, (rows, k))
+    if world_size == 1:  # the local top-K is the global one
+        _native.call("topk_per_row", logits, k, lengths, seq_lens, next_n, row_starts,
+                     row_ends, sorted, out)
+        return out
+    check_selection(device, (world_size, rows, k), world_size * k, k, sorted)
+    _check_exchange(group, all_gather, "all_gather", rank, world_size)
+    packed = torch.empty((rows, k), dtype=torch.int64, device=device)
+    _native.call("topk_to_candidates", logits, k, lengths, seq_lens, next_n, row_starts,
+                 row_ends, rank, world_size, interleave, packed)
+    gathered = torch.empty((world_size, rows, k), dtype=torch.int64, device=device)
+    all_gather_into(gathered.view(world_size * rows, k), packed, group, all_gather)
+    _native.call("stable_topk_from_candidates", gathered, out, sorted)
+    return out
 
 
 def _merge_topk(logits, topk_indices, k, rank, world_size, interleave, group, all_gather,
