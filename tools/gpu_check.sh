@@ -6,8 +6,9 @@
 #   DSA_EXT_ARCHS=90a-real: build for that arch list only)
 #   OUT_DIR receives build.log, selfcheck.log, pytest.log, sanitizer.log (memcheck,
 #   racecheck and initcheck), bench.txt, side_by_side.txt / .json (vLLM's kernels beside
-#   dsa_ext's on the same inputs, when .peers/ holds the harness of ../shared/peers) and
-#   results.json (environment, step exit codes, bench numbers).
+#   dsa_ext's on the same inputs, when .peers/ holds the harness of ../shared/peers),
+#   topk_side_by_side.txt / .json (vLLM's per-row top-K beside dsa_ext's, when VLLM_SO
+#   names its unpacked library) and results.json (environment, step exit codes, bench numbers).
 # Needs: python3 with torch (CUDA), pybind11, scikit-build-core, cmake, ninja, nvcc,
 # compute-sanitizer. CuTeDSL cubins are exported on a build machine (the GPU machine has
 # no nvidia-cutlass-dsl): if cute_dsl_aot/out/ exists it is used via DSA_EXT_CUBIN_DIR.
@@ -83,6 +84,14 @@ if [ "${DSA_EXT_SKIP_BENCH:-0}" != 1 ] && [ -f "$REPO/.peers/side_by_side.py" ];
     timeout 400 $PY side_by_side.py --json "$OUT/side_by_side.json"
   cd /tmp
 fi
+# vLLM's compiled per-row top-K beside dsa_ext's (VLLM_SO: its unpacked library, see
+# ../shared/peers/README.md); the peer harness is read from .peers/.
+STATUS[topk_side_by_side]=0
+if [ "${DSA_EXT_SKIP_BENCH:-0}" != 1 ] && [ -n "${VLLM_SO:-}" ] && [ -f "$VLLM_SO" ]; then
+  step topk_side_by_side topk_side_by_side.txt timeout 200 $PY \
+    "$REPO/tools/topk_per_row_side_by_side.py" --peers "$REPO/.peers" --sweep \
+    --json "$OUT/topk_side_by_side.json"
+fi
 
 $PY - "$OUT" <<EOF
 import json, os, subprocess, sys
@@ -90,7 +99,8 @@ out = sys.argv[1]
 status = {"build": ${STATUS[build]}, "selfcheck": ${STATUS[selfcheck]},
           "pytest": ${STATUS[pytest]}, "sanitizer": ${STATUS[sanitizer]},
           "racecheck": ${STATUS[racecheck]}, "initcheck": ${STATUS[initcheck]},
-          "bench": ${STATUS[bench]}, "side_by_side": ${STATUS[side_by_side]}}
+          "bench": ${STATUS[bench]}, "side_by_side": ${STATUS[side_by_side]},
+          "topk_side_by_side": ${STATUS[topk_side_by_side]}}
 bench = {}
 path = os.path.join(out, "bench.json")
 if os.path.exists(path):
@@ -102,6 +112,6 @@ json.dump({"environment": head, "status": status, "bench": bench},
 print("summary:", status)
 EOF
 tail -n 25 "$OUT/bench.txt" 2>/dev/null
-for s in build selfcheck pytest sanitizer racecheck initcheck bench side_by_side; do
+for s in build selfcheck pytest sanitizer racecheck initcheck bench side_by_side topk_side_by_side; do
   [ "${STATUS[$s]}" = 0 ] || exit 1
 done
