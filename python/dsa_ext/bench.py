@@ -436,6 +436,34 @@ def _register_topk_per_row(rows: int, L: int, k: int = 2048, dtype=torch.float32
         return calls
 
 
+def _register_topk_fused(rows: int, L: int, op: str, k: int = 2048):
+    """topk_to_slots (compacted, block table of 64-token blocks) or topk_to_candidates
+    (rank 1 of 4): the per-row top-K with its write phase fused."""
+    out_bytes = rows * k * (8 if op == "topk_to_candidates" else 4)
+    nbytes = rows * L * 4 + out_bytes + (rows * (L // 64 + 1) * 4 if op == "topk_to_slots" else 0)
+
+    @case(op, f"{rows}x{L} k={k}" + (" compact" if op == "topk_to_slots" else " W=4"), nbytes)
+    def make(device, copies):
+        calls = []
+        for i in range(copies):
+            x = topk_logits(rows, L, device, i)
+            if op == "topk_to_slots":
+                g = torch.Generator().manual_seed(i)
+                table = torch.randint(0, 1 << 20, (rows, L // 64 + 1), generator=g,
+                                      dtype=torch.int32).to(device)
+                req = torch.arange(rows, dtype=torch.int32, device=device)
+                out = torch.empty(rows, k, dtype=torch.int32, device=device)
+                counts = torch.empty(rows, dtype=torch.int32, device=device)
+                calls.append(lambda x=x, t=table, r=req, o=out, c=counts:
+                             dsa_ext.topk_to_slots(x, k, r, t, 64, compact=True, out=o,
+                                                   valid_counts=c))
+            else:
+                out = torch.empty(rows, k, dtype=torch.int64, device=device)
+                calls.append(lambda x=x, o=out:
+                             dsa_ext.topk_to_candidates(x, k, 1, 4, out=o))
+        return calls
+
+
 for _L in (32768, 131072):
     for _rows in (1, 64, 256):
         _register_topk_per_row(_rows, _L)
@@ -445,6 +473,9 @@ _register_topk_per_row(64, 32768, next_n=4)
 _register_topk_per_row(64, 32768, ragged=True)
 _register_topk_per_row(64, 32768, sorted=True)
 _register_topk_per_row(1, 1 << 20)
+for _rows in (1, 64):
+    _register_topk_fused(_rows, 32768, "topk_to_slots")
+    _register_topk_fused(_rows, 32768, "topk_to_candidates")
 
 
 # ---------------------------------------------------------------------------------------
