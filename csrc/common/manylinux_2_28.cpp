@@ -15,7 +15,7 @@
 //   therefore needs) and every later glibc keeps. A jump, not a call: the arguments
 //   pass untouched, whatever NAME's signature, and so does the return address, which
 //   dlopen and dlsym read to know their caller.
-// - two symbols with no old version, below.
+// - __libc_single_threaded and arc4random, which have no old version: defined below.
 // tests/test_wheel.py checks the result: no symbol version the tag does not allow.
 
 #include <sys/random.h>
@@ -88,8 +88,8 @@ DSA_OLD_VERSION(shm_unlink, GLIBC_2.2.5)
 // reads non-zero. Always zero: counts stay atomic, as on any glibc before 2.32.
 extern "C" __attribute__((visibility("hidden"))) char __wrap___libc_single_threaded = 0;
 
-// arc4random (GLIBC_2.36), behind libstdc++'s std::random_device: the same bits from
-// getrandom (GLIBC_2.25), which never returns a partial read of 4 bytes; like glibc's, it
+// arc4random (GLIBC_2.36), behind libstdc++'s std::random_device: 4 random bytes from
+// getrandom (GLIBC_2.25), which never returns a partial read of so few; like glibc's, it
 // aborts if the kernel has no entropy to give.
 extern "C" __attribute__((visibility("hidden"))) std::uint32_t __wrap_arc4random() {
   std::uint32_t value;
