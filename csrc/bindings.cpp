@@ -86,6 +86,7 @@ PYBIND11_MODULE(_C, m) {
         py::arg("stream"));
   // Which exported top-K variant a CUDA device runs for a shape (tests, diagnostics).
   m.def("stable_topk_variant", &dsa::stable_topk_variant);
+  m.def("set_stable_topk_variant_override", &dsa::set_stable_topk_variant_override);
   // Whether kernels are launched as programmatic dependent launches (DSA_EXT_PDL).
   m.def("programmatic_launch_enabled", &dsa::programmatic_launch_enabled);
   // docs/ops.md section 7: weigh partial attention outputs by the all-gathered LSEs.

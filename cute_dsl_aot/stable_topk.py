@@ -24,9 +24,14 @@ distributed shared memory):
    holding the ``need``-th largest key. Result: a masked prefix P (mask M) such that the
    top ``sel_eff`` keys are all keys with ``key & M > P`` plus ``need`` of the ``bucket``
    keys with ``key & M == P``. The default order runs until the bin is taken whole
-   (``bucket == need``) or all 64 bits are used (then the bin holds copies of one key P,
-   and the copies at the lowest positions are taken); a sorting variant stops once the
-   candidate set ``{key & M >= P}`` fits its sort (``sel_eff - need + bucket <= S``).
+   (``bucket == need``) or holds copies of one key (then P is that key, and the copies at
+   the lowest positions are taken): once the bin is small (``TRACK_BELOW``) or after a
+   pass that did not split it, the next pass also folds the keys it counts (that bin)
+   into an AND and an OR beside its histogram, which are equal exactly when the bin
+   holds copies of one key - so a duplicated candidate at the threshold stops the row
+   there instead of after all 8 passes. A sorting variant
+   stops once the candidate set ``{key & M >= P}`` fits its sort
+   (``sel_eff - need + bucket <= S``).
 3. Default order (:func:`_write_in_position_order`): one ordered stream compaction of the
    row. Per key, two ballots (above the threshold; a copy of it) give each warp's counts;
    one warp scans the counts of the block in position order (register index, then warp)
@@ -61,7 +66,7 @@ from cutlass.cutlass_dsl import T
 
 import sort_plan
 import variants
-from variants import CTL_WORDS, NUM_BINS, RADIX_BITS, STREAM_GROUP
+from variants import COPY_WORDS, CTL_WORDS, NUM_BINS, RADIX_BITS, STREAM_GROUP
 
 NUM_PASSES = 64 // RADIX_BITS
 # Shared control words: 0 digit, 1 keys above the bin, 2 bin count, 3 gather slots,
@@ -70,6 +75,7 @@ CTL_SCAN_TOTAL = 6
 SIGN_BIT = -(1 << 63)  # int64 with only the top bit set; also the flipped key 0
 SORT_BARRIER = 1  # named barrier of the sorting threads
 GATHER_GROUP = 8  # register keys gathered per warp atomic (their hits and ballots stay live)
+TRACK_BELOW = 64  # a bin of at most this many keys is checked for copies of one key
 COPIES_SHIFT = 16  # the scan packs (keys above, copies of the threshold) into one int32
 
 
@@ -151,12 +157,57 @@ def _streamed_key(cand: cute.Tensor, w: Int32, row: Int32, c: Int32) -> Int64:
 def _count_digit(key: Int64, mask: Int64, prefix: Int64,
                  shift: cutlass.Constexpr[int], s_hist: cute.Tensor):
     """Step 1 for one key: if the key is nonzero and ``key & mask == prefix``, count its
-    digit ``(key >> shift) & 255``. Key 0 (an invalid candidate, or no candidate) is never
-    selected. The shared atomic increment adds the lanes of a warp that hit one bin at
-    once (ATOMS.POPC.INC), so tied rows do not serialize on their bin."""
-    if (key != 0) & ((key & mask) == prefix):
+    digit ``(key >> shift) & 255``; returns whether it did. Key 0 (an invalid candidate,
+    or no candidate) is never selected. The shared atomic increment adds the lanes of a
+    warp that hit one bin at once (ATOMS.POPC.INC), so tied rows do not serialize on
+    their bin."""
+    hit = (key != 0) & ((key & mask) == prefix)
+    if hit:
         digit = Int32((key >> shift) & (NUM_BINS - 1))
         cute.arch.atomic_add((s_hist.iterator + digit).llvm_ptr, Int32(1))
+    return hit
+
+
+@cute.jit
+def _count_and_track(key: Int64, mask: Int64, prefix: Int64, shift: cutlass.Constexpr[int],
+                     s_hist: cute.Tensor, acc_and: Int64, acc_or: Int64):
+    """_count_digit, and the counted key folded into this thread's running AND / OR of
+    the counted keys (see _merge_copy_words)."""
+    hit = _count_digit(key, mask, prefix, shift, s_hist)
+    return (Int64(cutlass.select_(hit, acc_and & key, acc_and)),
+            Int64(cutlass.select_(hit, acc_or | key, acc_or)))
+
+
+@cute.jit
+def _merge_copy_words(acc_and: Int64, acc_or: Int64, lane: Int32, rank: Int32,
+                      s_hist: cute.Tensor, pair: cutlass.Constexpr[bool]):
+    """The AND and the OR of every key a pass counts, in the four words after the bins
+    (COPY_WORDS: AND high, AND low, OR high, OR low): the counted keys are all copies of
+    one key exactly when the two are equal. One warp reduction per word, then one shared
+    atomic per word from lane 0 of a warp that counted a key (a counted key is nonzero);
+    in a pair into both CTAs' words, so that each reads the row's from its own."""
+    words = [Int32(acc_and >> 32), Int32(acc_and), Int32(acc_or >> 32), Int32(acc_or)]
+    words = [cute.arch.warp_redux_sync(w, "and" if i < 2 else "or") for i, w in enumerate(words)]
+    if lane == 0:
+        if (words[2] | words[3]) != 0:
+            for i in cutlass.range_constexpr(COPY_WORDS):
+                op = "and" if i < 2 else "or"
+                ptr = (s_hist.iterator + (NUM_BINS + i)).llvm_ptr
+                if cutlass.const_expr(i < 2):
+                    cute.arch.atomic_and(ptr, words[i])
+                else:
+                    cute.arch.atomic_or(ptr, words[i])
+                if cutlass.const_expr(pair):
+                    _asm(None, [_cluster_addr(s_hist, NUM_BINS + i, rank ^ 1), words[i]],
+                         f"red.shared::cluster.{op}.b32 [$0], $1;", "r,r")
+
+
+@cute.jit
+def _reset_histogram(s_hist: cute.Tensor, tidx: Int32):
+    """Zero the bins, and set the copy words to the identities of AND (all ones) and OR."""
+    if tidx < NUM_BINS + COPY_WORDS:
+        s_hist[tidx] = Int32(cutlass.select_((tidx >= NUM_BINS) & (tidx < NUM_BINS + 2),
+                                             Int32(-1), Int32(0)))
 
 
 @cute.jit
@@ -381,47 +432,97 @@ def _load_keys(cand: cute.Tensor, row: Int32, tidx: Int32, seg: Int32, chunk: In
 
 
 @cute.jit
+def _count_keys(cand: cute.Tensor, regs, row: Int32, tidx: Int32, lane: Int32, mask: Int64,
+                prefix: Int64, shift: cutlass.Constexpr[int], s_hist: cute.Tensor,
+                nt: cutlass.Constexpr[int], items: cutlass.Constexpr[int],
+                rank: Int32, pair: cutlass.Constexpr[bool],
+                tracking: cutlass.Constexpr[bool]):
+    """Step 1 over the row (``regs``, or streamed from ``cand`` when empty); ``tracking``:
+    also the AND / OR of the counted keys (_merge_copy_words)."""
+    acc_and = Int64(-1)
+    acc_or = Int64(0)
+    if cutlass.const_expr(items > 0):
+        for jr in cutlass.range_constexpr(items):
+            if cutlass.const_expr(tracking):
+                acc_and, acc_or = _count_and_track(regs[jr], mask, prefix, shift, s_hist,
+                                                   acc_and, acc_or)
+            else:
+                _count_digit(regs[jr], mask, prefix, shift, s_hist)
+    else:
+        for w in cutlass.range(cand.shape[0]):
+            for c0 in cutlass.range(0, cand.shape[2], nt):
+                key = _streamed_key(cand, w, row, c0 + tidx)
+                if cutlass.const_expr(tracking):
+                    acc_and, acc_or = _count_and_track(key, mask, prefix, shift, s_hist,
+                                                       acc_and, acc_or)
+                else:
+                    _count_digit(key, mask, prefix, shift, s_hist)
+    if cutlass.const_expr(tracking):
+        _merge_copy_words(acc_and, acc_or, lane, rank, s_hist, pair)
+
+
+@cute.jit
 def _radix_select(cand: cute.Tensor, regs, row: Int32, tidx: Int32, lane: Int32,
                   rank: Int32, sel: Int32, s_hists, s_ctl: cute.Tensor,
                   nt: cutlass.Constexpr[int], items: cutlass.Constexpr[int],
                   pair: cutlass.Constexpr[bool], sort_size: cutlass.Constexpr[int]):
     """Radix select over the row's nonzero keys (``regs``, or streamed from ``cand`` when
-    empty). Returns ``(prefix, sel_eff, need, bucket, active)``: the top ``sel_eff`` keys
+    empty). Returns ``(prefix, sel_eff, need, bucket, copies)``: the top ``sel_eff`` keys
     are the ``sel_eff - need`` keys whose digits so far exceed ``prefix`` plus ``need`` of
-    the ``bucket`` keys that match it; ``active`` is 1 if all 8 passes ran without the stop
-    (the bin then holds ``bucket`` copies of the key ``prefix``). Stop: the bin is taken
-    whole (``sort_size == 0``, the default order) or the candidates fit the sort."""
+    the ``bucket`` keys that match it; ``copies`` is 1 if those ``bucket`` keys are all
+    copies of the key ``prefix`` (all 8 passes ran, or the default order found them
+    equal). Stop: the bin is taken whole or holds copies of one key (``sort_size == 0``,
+    the default order), or the candidates fit the sort."""
     num_hists = 3 if pair else 2  # variants.histograms
     prefix = Int64(0)
     mask = Int64(0)
     sel_eff = sel  # min(sel, nonzero keys), set by the first pass
     need = sel
     bucket = Int32(0)
-    active = Int32(1)
+    prev_bucket = Int32(-1)  # the bin before the last
+    running = Int32(1)
+    copies = Int32(0)
     for p in cutlass.range_constexpr(NUM_PASSES):
         shift = 64 - RADIX_BITS * (p + 1)
         s_hist = s_hists[p % num_hists]
-        if active != 0:
-            # This pass counts into s_hist (zeroed before the last barrier) and zeroes the
+        # The default order tracks whether the keys a pass counts (the last pass's bin)
+        # are copies of one key, which no pass can split (all 64 bits would be used):
+        # once the bin is small (a few copies) or after a pass that did not split it
+        # (many), so that the passes over large bins pay nothing.
+        track = sort_size == 0 and p >= 1
+        tracking = Int32(cutlass.select_((bucket == prev_bucket) | (bucket <= TRACK_BELOW),
+                                         Int32(1), Int32(0)))
+        if running != 0:
+            # This pass counts into s_hist (reset before the last barrier) and resets the
             # next one, whose last readers (this CTA's scan two passes ago; in a pair also
             # the peer's, which precedes the peer's last cluster barrier) are done.
             if cutlass.const_expr(p + 1 < NUM_PASSES):
-                s_next = s_hists[(p + 1) % num_hists]
-                if tidx < NUM_BINS:
-                    s_next[tidx] = Int32(0)
-            if cutlass.const_expr(items > 0):
-                for jr in cutlass.range_constexpr(items):
-                    _count_digit(regs[jr], mask, prefix, shift, s_hist)
+                _reset_histogram(s_hists[(p + 1) % num_hists], tidx)
+            if cutlass.const_expr(track):
+                if tracking != 0:
+                    _count_keys(cand, regs, row, tidx, lane, mask, prefix, shift, s_hist,
+                                nt, items, rank, pair, True)
+                else:
+                    _count_keys(cand, regs, row, tidx, lane, mask, prefix, shift, s_hist,
+                                nt, items, rank, pair, False)
             else:
-                for w in cutlass.range(cand.shape[0]):
-                    for c0 in cutlass.range(0, cand.shape[2], nt):
-                        _count_digit(_streamed_key(cand, w, row, c0 + tidx), mask, prefix,
-                                     shift, s_hist)
+                _count_keys(cand, regs, row, tidx, lane, mask, prefix, shift, s_hist, nt,
+                            items, rank, pair, False)
             if cutlass.const_expr(pair):  # both halves of the row are counted
                 cute.arch.cluster_arrive()
                 cute.arch.cluster_wait()
             else:
                 cute.arch.sync_threads()
+            if cutlass.const_expr(track):
+                # Every thread reads the same words: the stop is uniform (across a pair).
+                if tracking != 0:
+                    words = [s_hist[NUM_BINS + i] for i in range(COPY_WORDS)]
+                    if (words[0] == words[2]) & (words[1] == words[3]):
+                        prefix = ((Int64(words[0]) << 32)
+                                  | (Int64(words[1]) & Int64(0xFFFFFFFF)))
+                        copies = Int32(1)
+                        running = Int32(0)
+        if running != 0:
             if tidx < 32:
                 # Lane l owns bins 255-8l .. 248-8l (descending): an inclusive scan over
                 # lanes counts the keys in all higher bins.
@@ -462,6 +563,7 @@ def _radix_select(cand: cute.Tensor, regs, row: Int32, tidx: Int32, lane: Int32,
             cute.arch.sync_threads()
             digit_sel = s_ctl[0]
             above = s_ctl[1]
+            prev_bucket = bucket
             bucket = s_ctl[2]
             if cutlass.const_expr(p == 0):
                 sel_eff = s_ctl[5]
@@ -471,16 +573,17 @@ def _radix_select(cand: cute.Tensor, regs, row: Int32, tidx: Int32, lane: Int32,
             need = need - above
             if cutlass.const_expr(sort_size == 0):
                 # The default order writes every key with key & mask > prefix and the whole
-                # bin, so it needs the bin taken whole (or all 64 bits: copies of one key).
+                # bin, so it needs the bin taken whole (or copies of one key).
                 if bucket == need:
-                    active = Int32(0)
+                    running = Int32(0)
             else:
                 # Every key with key & mask >= prefix (the keys above the bin plus the whole
                 # bin) fits the sort: the top sel_eff of those are the answer. An exact hit
                 # (bucket == need) always fits.
                 if (sel_eff - need) + bucket <= sort_size:
-                    active = Int32(0)
-    return prefix, sel_eff, need, bucket, active
+                    running = Int32(0)
+    # Still running after all 64 bits: the bin holds copies of the key prefix.
+    return prefix, sel_eff, need, bucket, copies | running
 
 
 @cute.jit
@@ -571,7 +674,7 @@ def _write_block(keys, prefix: Int64, exact, inexact, need: Int32, above_base: I
 @cute.jit
 def _write_in_position_order(cand: cute.Tensor, out: cute.Tensor, regs, row: Int32,
                              tidx: Int32, lane: Int32, rank: Int32, prefix: Int64,
-                             sel_eff: Int32, need: Int32, bucket: Int32, active: Int32,
+                             sel_eff: Int32, need: Int32, bucket: Int32, copies: Int32,
                              s_counts: cute.Tensor, s_bases: cute.Tensor, s_ctl: cute.Tensor,
                              nt: cutlass.Constexpr[int], items: cutlass.Constexpr[int],
                              pair: cutlass.Constexpr[bool]):
@@ -579,11 +682,11 @@ def _write_in_position_order(cand: cute.Tensor, out: cute.Tensor, regs, row: Int
     nw = nt // 32
     warp = tidx // 32
     lanes_below = Int32(cute.arch.lanemask_lt())
-    exact = active == 0
+    exact = copies == 0
     above_row = Int32(cutlass.select_(exact, sel_eff, sel_eff - need))
     copies_row = Int32(cutlass.select_(exact, Int32(0), bucket))
     if cutlass.const_expr(items > 0):
-        _write_block(regs, prefix, exact, active != 0, need, Int32(0), Int32(0), rank != 0,
+        _write_block(regs, prefix, exact, copies != 0, need, Int32(0), Int32(0), rank != 0,
                      above_row, copies_row, out, row, lane, warp, lanes_below, s_counts,
                      s_bases, s_ctl, items, nw)
     else:
@@ -594,7 +697,7 @@ def _write_in_position_order(cand: cute.Tensor, out: cute.Tensor, regs, row: Int
         for w in cutlass.range(cand.shape[0]):
             for c0 in cutlass.range(0, chunks, STREAM_GROUP):
                 keys = _load_keys(cand, row, tidx, w, c0, chunks - c0, STREAM_GROUP, nt)
-                total = _write_block(keys, prefix, exact, active != 0, need, above_before, copies_before,
+                total = _write_block(keys, prefix, exact, copies != 0, need, above_before, copies_before,
                                      rank != 0, above_row, copies_row, out, row, lane, warp,
                                      lanes_below, s_counts, s_bases, s_ctl, STREAM_GROUP, nw)
                 above_before = above_before + (total & ((1 << COPIES_SHIFT) - 1))
@@ -607,7 +710,7 @@ def _write_in_position_order(cand: cute.Tensor, out: cute.Tensor, regs, row: Int
 @cute.jit
 def _gather_and_sort(cand: cute.Tensor, out: cute.Tensor, regs, row: Int32, tidx: Int32,
                      lane: Int32, rank: Int32, prefix: Int64, sel_eff: Int32, need: Int32,
-                     bucket: Int32, active: Int32, bufs, s_ctl: cute.Tensor,
+                     bucket: Int32, copies: Int32, bufs, s_ctl: cute.Tensor,
                      nt: cutlass.Constexpr[int], items: cutlass.Constexpr[int],
                      sort_size: cutlass.Constexpr[int],
                      log_r: cutlass.Constexpr[int], pair: cutlass.Constexpr[bool],
@@ -620,13 +723,13 @@ def _gather_and_sort(cand: cute.Tensor, out: cute.Tensor, regs, row: Int32, tidx
     s_keys = bufs[0]
     lanes_below = Int32(cute.arch.lanemask_lt())
     # Stopped: gather every key with key & mask >= prefix (n_cand of them). All 64 bits
-    # used (active): the ``need`` keys taken from the bin all equal the prefix, so gather
+    # used (copies): the ``need`` keys taken from the bin all equal the prefix, so gather
     # the keys above it and write ``need`` copies of the prefix.
     num_above = sel_eff - need
     n_cand = num_above + bucket
-    if active != 0:
+    if copies != 0:
         n_cand = sel_eff
-    fill_from = cutlass.select_(active != 0, num_above, n_cand)
+    fill_from = cutlass.select_(copies != 0, num_above, n_cand)
     if cutlass.const_expr(pair):  # each CTA fills its half of the slots (see _pair_sort)
         half_lo = rank * (S // 2)
         for i in cutlass.range(cutlass.max(fill_from, half_lo) + tidx, half_lo + S // 2, nt):
@@ -641,7 +744,7 @@ def _gather_and_sort(cand: cute.Tensor, out: cute.Tensor, regs, row: Int32, tidx
     # key >= prefix (the prefix has no bits outside the mask), and key 0 is never
     # gathered; with all 64 bits used, key > prefix. With nothing to gather (no nonzero
     # key, or all the keys taken are copies of the prefix) the sweep is skipped.
-    floor = Int64(cutlass.select_(active != 0, prefix,
+    floor = Int64(cutlass.select_(copies != 0, prefix,
                                   cutlass.select_(prefix == 0, prefix, prefix - 1)))
     if fill_from != 0:  # the gathered keys take slots 0 .. fill_from - 1
         if cutlass.const_expr(items > 0):
@@ -690,7 +793,7 @@ def make_stable_topk(v: variants.Variant):
     S = v.sort_size
     CTAS_PER_SM = v.ctas_per_sm
     LOG_R = v.log_r
-    assert NT % 32 == 0 and NT >= NUM_BINS
+    assert NT % 32 == 0 and NT >= NUM_BINS + COPY_WORDS
     assert not PAIR or ITEMS > 0
     if v.sorted:
         assert S & (S - 1) == 0 and S >= 512
@@ -727,13 +830,12 @@ def make_stable_topk(v: variants.Variant):
                                             byte_alignment=16)
             s_bases = smem.allocate_tensor(Int32, cute.make_layout((scan_n,)),
                                            byte_alignment=16)
-        s_hists = [smem.allocate_tensor(Int32, cute.make_layout((NUM_BINS,)),
+        s_hists = [smem.allocate_tensor(Int32, cute.make_layout((NUM_BINS + COPY_WORDS,)),
                                         byte_alignment=16) for _ in range(num_hists)]
         s_ctl = smem.allocate_tensor(Int32, cute.make_layout((CTL_WORDS,)), byte_alignment=16)
         if tidx < CTL_WORDS:
             s_ctl[tidx] = Int32(0)
-        if tidx < NUM_BINS:
-            s_hists[0][tidx] = Int32(0)
+        _reset_histogram(s_hists[0], tidx)
 
         # ---- 1. load: register variants, one key per (segment, chunk) pair ---------------
         regs = []
@@ -751,19 +853,19 @@ def make_stable_topk(v: variants.Variant):
         cute.arch.sync_threads()  # control words and the first histogram are zero
 
         # ---- 2. radix select ------------------------------------------------------------
-        prefix, sel_eff, need, bucket, active = _radix_select(
+        prefix, sel_eff, need, bucket, copies = _radix_select(
             cand, regs, row, tidx, lane, rank, sel, s_hists, s_ctl, NT, ITEMS, PAIR, S)
 
         # ---- 3. write in position order, or 4. gather and sort ----------------------------
         if cutlass.const_expr(S > 0):
             _gather_and_sort(cand, out, regs, row, tidx, lane, rank, prefix, sel_eff, need,
-                             bucket, active, bufs, s_ctl, NT, ITEMS, S, LOG_R, PAIR,
+                             bucket, copies, bufs, s_ctl, NT, ITEMS, S, LOG_R, PAIR,
                              CTAS_PER_SM)
         else:
             if cutlass.const_expr(PAIR):  # done reading the peer's histograms ...
                 cute.arch.cluster_arrive()
             _write_in_position_order(cand, out, regs, row, tidx, lane, rank, prefix, sel_eff,
-                                     need, bucket, active, s_counts, s_bases, s_ctl, NT, ITEMS,
+                                     need, bucket, copies, s_counts, s_bases, s_ctl, NT, ITEMS,
                                      PAIR)
             if cutlass.const_expr(PAIR):  # ... and the peer too: shared memory may go
                 cute.arch.cluster_wait()

@@ -1,4 +1,5 @@
 """Shared fixtures: every op test runs on the CPU everywhere and on CUDA when present."""
+import contextlib
 import os
 
 import pytest
@@ -21,6 +22,17 @@ requires_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
 def cuda_sms() -> int:
     """SMs of the current CUDA device (the top-K launcher picks variants by rows per SM)."""
     return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+
+
+@contextlib.contextmanager
+def forced_topk_variant(name: str):
+    """Every stable top-K launch inside runs the exported variant `name` (CUDA)."""
+    from dsa_ext import _C  # noqa: PLC0415
+    _C.set_stable_topk_variant_override(name)
+    try:
+        yield
+    finally:
+        _C.set_stable_topk_variant_override("")
 
 
 def pytest_collection_modifyitems(config, items):

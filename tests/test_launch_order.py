@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import dsa_ext
-from conftest import assert_equal, capture_graph, cuda_sms
+from conftest import assert_equal, capture_graph, cuda_sms, forced_topk_variant
 
 COLS, K, STEPS = 8192, 2048, 6
 
@@ -38,11 +38,15 @@ def _chain(logits, ids, keys):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("mode", ["eager", "graph"])
-@pytest.mark.parametrize("rows_per_sm,variant", [(0, "p4"), (1, "r8"), (4, "d16")])
+@pytest.mark.parametrize("rows_per_sm,variant", [(0, "p4_u"), (0, "p8_u"), (1, "r4_u"),
+                                                 (1, "r8_u"), (4, "d8_u"), (4, "d16_u")])
 def test_chained_pack_and_topk_see_each_others_writes(mode, rows_per_sm, variant):
     rows = max(1, rows_per_sm * cuda_sms())
-    dev = torch.cuda.current_device()
-    assert dsa_ext._C.stable_topk_variant(1, rows, K, K, False, dev).startswith(variant)
+    with forced_topk_variant(variant):
+        _check_chain(mode, rows)
+
+
+def _check_chain(mode, rows):
     logits, ids = _inputs(rows, "cpu")
     want = ids.clone()
     _chain(logits, want, torch.empty(rows, K, dtype=torch.int64))

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import dsa_ext
 from dsa_ext import reference
-from conftest import capture_graph, cuda_sms
+from conftest import capture_graph, cuda_sms, forced_topk_variant
 
 HAS_CUDA = torch.cuda.is_available()
 cuda_only = [pytest.mark.cuda, pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")]
@@ -225,12 +225,14 @@ def check_variant(device: str, shape, k: int, prefix: str, sorted: bool) -> None
 @pytest.mark.parametrize("kind", ["ties", "random", "shortfall"])
 @pytest.mark.parametrize("n,k,variant,unsorted", [
     (8192, 2048, "d16_s2048", "d16_u"), (8192, 1000, "d16_s1024", "d16_u"),
-    (8192, 512, "d16_s512", "d16_u"), (4096, 2048, "d16_s2048", "d16_u"),
-    (600, 300, "d16_s512", "d16_u"), (8193, 2048, "r16_s2048", "r16_u"),
+    (8192, 512, "d16_s512", "d16_u"), (4096, 2048, "d16_s2048", "d8_u"),
+    (4097, 2048, "d16_s2048", "d16_u"), (600, 300, "d16_s512", "d8_u"),
+    (8193, 2048, "r16_s2048", "r16_u"),
     (8192, 2049, "r8_s4096", "d16_u"), (8192, 8192, "g_s8192", "d16_u")])
 def test_variant_boundaries_two_ctas_per_sm(device, kind, n, k, variant, unsorted):
-    """The 512-thread variants hold 16 keys per thread (N <= 8192) and sort up to 2048
-    keys: N = 8193 and (sorted) k = 2049 fall back to the 1024-thread ones."""
+    """The 512-thread variants hold 16 keys per thread (N <= 8192; 8 for the default order
+    up to N = 4096) and sort up to 2048 keys: N = 8193 and (sorted) k = 2049 fall back to
+    the 1024-thread ones."""
     rows = rows_for_two_ctas_per_sm(device)
     check_variant(device, (1, rows, n), k, variant, True)
     check_variant(device, (1, rows, n), k, unsorted, False)
@@ -255,13 +257,16 @@ def test_two_ctas_per_sm_segments(device, W, K, k):
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
 def test_variant_choice_by_rows():
     """Pairs while 2 x rows fit the SMs, then one CTA of 1024 threads while the rows fit
-    the SMs, then 2 CTAs of 512 threads per SM (W = 4, K = 2048, k = 2048)."""
+    the SMs, then 2 CTAs of 512 threads per SM (W = 4, K = 2048, k = 2048); at W = 2 the
+    default order takes one CTA of 4 keys per thread, then 3 CTAs of 8 per SM."""
     dev, sms = torch.cuda.current_device(), cuda_sms()
     for rows, want in ((1, "p4_s2048"), (sms // 2, "p4_s2048"), (sms // 2 + 1, "r8_s2048"),
                        (sms, "r8_s2048"), (sms + 1, "d16_s2048"), (4 * sms, "d16_s2048")):
         assert dsa_ext._C.stable_topk_variant(4, rows, 2048, 2048, True, dev) == want, rows
         unsorted = want.replace("_s2048", "_u")
         assert dsa_ext._C.stable_topk_variant(4, rows, 2048, 2048, False, dev) == unsorted
+    for rows, want in ((1, "r4_u"), (sms, "r4_u"), (sms + 1, "d8_u"), (4 * sms, "d8_u")):
+        assert dsa_ext._C.stable_topk_variant(2, rows, 2048, 2048, False, dev) == want, rows
     # The default order has no sort-size limit: W = 8 pairs hold 16 chunks, streamed past.
     for W, K, k, want in ((8, 2048, 16384, "p8_u"), (16, 2048, 5000, "g_u"),
                           (1, 40000, 20000, "g_u")):
@@ -760,3 +765,70 @@ def test_cuda_offsets_beyond_2_pow_31_elements():
     assert torch.equal(got.cpu(), want)
     del big, cands
     torch.cuda.empty_cache()
+
+
+#: The default-order variants (cute_dsl_aot/variants.py) and a shape each can run.
+DEFAULT_ORDER_VARIANTS = [("p4_u", 4, 1000), ("p8_u", 8, 1000),
+                          ("d8_u", 2, 2048), ("d16_u", 4, 2048), ("r4_u", 2, 2048),
+                          ("r8_u", 4, 2048), ("r16_u", 8, 2048), ("g_u", 8, 3000)]
+
+
+def make_pair_copies(rows: int, n: int, k: int, seed: int) -> torch.Tensor:
+    """Random rows in which the k-th largest key appears exactly twice (a candidate
+    gathered twice), once on each side of the k-th place, or both above or both below it;
+    and rows whose k-th place falls among equal scores of distinct ids (not copies)."""
+    out = []
+    for r in range(rows):
+        row = make_keys("random" if r % 4 else "ties", 1, n, seed=seed + r)[0]
+        order = torch.sort(row ^ torch.iinfo(torch.int64).min, descending=True).indices
+        shift = (0, 1, -1, 0)[r % 4]  # which key the duplicate copies
+        src = order[min(n - 1, max(0, k - 1 + shift))]
+        dst = order[(k + 5 + r) % n] if r % 2 else order[(r * 7) % n]
+        row[dst] = row[src]
+        out.append(row)
+    return torch.stack(out)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
+@pytest.mark.parametrize("variant,W,K", DEFAULT_ORDER_VARIANTS)
+@pytest.mark.parametrize("kind", ["random", "ties", "shortfall", "pair_copies",
+                                  "threshold_copies"])
+def test_every_default_order_variant_matches_reference(variant, W, K, kind):
+    """Each default-order variant, forced on a shape it can run, equals the reference:
+    the select stops on a whole bin, on a bin of copies (found equal before all 64 bits,
+    one CTA or a pair adding the AND / OR of both halves) or after all 64 bits."""
+    rows, n, k = 5, W * K, min(W * K - 3, 2048)
+    if kind == "pair_copies":
+        flat = make_pair_copies(rows, n, k, seed=W + K)
+    elif kind == "threshold_copies":
+        flat = make_threshold_copies(rows, n, k, seed=W * K)
+    else:
+        flat = make_keys(kind, rows, n, seed=W + K)
+    cands = flat.view(rows, W, K).transpose(0, 1).contiguous()
+    want = reference.stable_topk_from_candidates(cands, k)
+    with forced_topk_variant(variant):
+        assert dsa_ext._C.stable_topk_variant(W, rows, K, k, False, 0) == variant
+        got = run(cands, k, "cuda")
+    check_equal(got, want, variant=variant, kind=kind)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("rows,n,k", [(3, 4096, 2048), (64, 8192, 2048), (150, 4096, 1000)])
+def test_a_duplicated_threshold_key(device, rows, n, k):
+    """The side-by-side harness's case: a candidate gathered twice lands at the k-th
+    place in some rows (both orders, every row count's variants)."""
+    check(make_pair_copies(rows, n, k, seed=rows + n), k, device)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
+def test_variant_override_errors():
+    """A name the build lacks is refused when set; a variant that cannot run the shape
+    (8 keys per thread, 1024 threads: N <= 8192) is refused at launch, naming it."""
+    with pytest.raises(ValueError, match="no variant named 'x9_u'"):
+        dsa_ext._C.set_stable_topk_variant_override("x9_u")
+    cands = make_keys("random", 2, 9000).cuda()
+    with forced_topk_variant("r8_u"):
+        with pytest.raises(ValueError, match="forced variant r8_u cannot run"):
+            dsa_ext.stable_topk_from_candidates(cands, 100)

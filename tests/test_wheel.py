@@ -2,8 +2,10 @@
 linkage of its one binary.
 
 Runs on the wheel named by DSA_EXT_WHEEL (skipped without it: a source checkout has no
-wheel to look at); DSA_EXT_WHEEL_PLAT is the platform tag it must carry.
+wheel to look at). The linkage is checked against auditwheel's own manylinux_2_28 policy.
 """
+import importlib.resources
+import json
 import os
 import re
 import subprocess
@@ -14,21 +16,17 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 WHEEL = os.environ.get("DSA_EXT_WHEEL")
-PLAT = os.environ.get("DSA_EXT_WHEEL_PLAT", "manylinux_2_28_x86_64")
+PLAT = "manylinux_2_28_x86_64"
+NEWEST_GLIBC = (2, 28)
 
 pytestmark = pytest.mark.skipif(not WHEEL, reason="set DSA_EXT_WHEEL=path/to/the.whl "
                                                   "(tools/build_wheel.sh does)")
 
-#: newest symbol versions of each tag (the manylinux policies, as auditwheel has them)
-NEWEST = {
-    "manylinux_2_28_x86_64": {"GLIBC": (2, 28), "GLIBCXX": (3, 4, 24), "CXXABI": (1, 3, 11)},
-    "manylinux_2_34_x86_64": {"GLIBC": (2, 34), "GLIBCXX": (3, 4, 29), "CXXABI": (1, 3, 13)},
-}
-
-#: the libraries the module may load: glibc's and the C++ runtime, never libtorch, the
-#: CUDA runtime (linked statically) or the driver (dlopen at first CUDA use)
-SYSTEM_LIBS = {"libc.so.6", "libm.so.6", "libdl.so.2", "libpthread.so.0", "librt.so.1",
-               "ld-linux-x86-64.so.2", "libstdc++.so.6", "libgcc_s.so.1"}
+#: the libraries the module loads: glibc's (libpthread, libdl and librt hold the old
+#: symbol versions on glibc < 2.34) and libgcc_s; never libstdc++ (linked statically),
+#: libtorch, the CUDA runtime (linked statically) or the driver (dlopen at first CUDA use)
+NEEDED = {"libc.so.6", "libm.so.6", "libpthread.so.0", "libdl.so.2", "librt.so.1",
+          "ld-linux-x86-64.so.2", "libgcc_s.so.1"}
 
 
 def _project_version() -> str:
@@ -59,12 +57,11 @@ def test_tag(wheel):
     assert match, name
     python_tag, abi_tag, plat_tags = match.groups()
     assert python_tag == abi_tag
-    assert PLAT in plat_tags.split("."), f"{name} is not tagged {PLAT}"
-    assert "linux_x86_64" not in plat_tags.split("."), name  # PyPI refuses the bare tag
+    assert plat_tags == PLAT, f"{name} is not tagged {PLAT} (alone)"
     tags = [line.split(": ", 1)[1] for line in
             wheel.read(f"{_dist_info(wheel)}/WHEEL").decode().splitlines()
             if line.startswith("Tag: ")]
-    assert f"{python_tag}-{abi_tag}-{PLAT}" in tags, tags
+    assert tags == [f"{python_tag}-{abi_tag}-{PLAT}"], tags
     assert "Root-Is-Purelib: false" in wheel.read(f"{_dist_info(wheel)}/WHEEL").decode()
 
 
@@ -94,18 +91,55 @@ def _run(*cmd) -> str:
     return subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
 
 
-def test_linkage(module_so):
+@pytest.fixture(scope="module")
+def policy() -> dict:
+    """auditwheel's policy for PLAT: the libraries and symbol versions it allows."""
+    text = (importlib.resources.files("auditwheel") / "policy" /
+            "manylinux-policy.json").read_text()
+    name = PLAT.removesuffix("_x86_64")
+    (entry,) = [p for p in json.loads(text) if p["name"] == name]
+    return {"libs": set(entry["lib_whitelist"]),
+            "versions": {prefix: set(versions) for prefix, versions in
+                         entry["symbol_versions"]["x86_64"].items()}}
+
+
+def _version_needs(module_so) -> dict[str, set[str]]:
+    """{library: the symbol versions the module needs from it}, from .gnu.version_r."""
+    text = _run("readelf", "-V", "-W", str(module_so))
+    needs, library = {}, None
+    for line in text[text.index("Version needs section"):].splitlines():
+        if match := re.search(r"\bFile: (\S+)", line):
+            library = match.group(1)
+            needs[library] = set()
+        elif (match := re.search(r"\bName: (\S+)", line)) and library is not None:
+            needs[library].add(match.group(1))
+    return needs
+
+
+def _version(name: str) -> tuple[int, ...]:
+    return tuple(int(v) for v in name.split("_", 1)[1].split("."))
+
+
+def test_linkage(module_so, policy):
     dynamic = _run("readelf", "-d", str(module_so))
     needed = set(re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", dynamic))
-    assert needed and needed <= SYSTEM_LIBS, sorted(needed - SYSTEM_LIBS)
+    assert needed == NEEDED, sorted(needed ^ NEEDED)
+    assert needed - {"ld-linux-x86-64.so.2"} <= policy["libs"]  # the loader: always there
     assert "RPATH" not in dynamic and "RUNPATH" not in dynamic  # nothing grafted in
-    symbols = _run("objdump", "-T", str(module_so))
-    for prefix, newest in NEWEST[PLAT].items():
-        versions = {tuple(int(v) for v in m.split("."))
-                    for m in re.findall(rf"\b{prefix}_(\d+(?:\.\d+)+)\b", symbols)}
-        assert versions, f"no {prefix} symbol versions found"
-        assert max(versions) <= newest, (
-            f"needs {prefix}_{'.'.join(map(str, max(versions)))}, newer than {PLAT} allows")
+
+    needs = _version_needs(module_so)
+    assert set(needs) <= needed and needs.get("libc.so.6"), needs
+    versions = set().union(*needs.values())
+    for version in sorted(versions):
+        prefix, number = version.split("_", 1)
+        assert number in policy["versions"].get(prefix, ()), f"{version} is not in {PLAT}"
+    glibc = max(_version(v) for v in versions if v.startswith("GLIBC_"))
+    assert glibc <= NEWEST_GLIBC, f"needs GLIBC_{'.'.join(map(str, glibc))}"
+    # the C++ runtime is the module's own: no libstdc++ symbol versions at all
+    assert not {v for v in versions if v.startswith(("GLIBCXX_", "CXXABI_"))}, versions
+
+    exported = _run("nm", "-D", "--defined-only", str(module_so)).split()[2::3]
+    assert exported == ["PyInit__C"], exported  # bundled runtimes stay private
     undefined = [line.split()[-1].split("@")[0]
                  for line in _run("nm", "-D", "--undefined-only", str(module_so)).splitlines()]
     foreign = [s for s in undefined if re.match(r"_ZN3c10|_ZN2at|cuda[A-Z]|cu[A-Z]", s)]

@@ -176,6 +176,14 @@ std::vector<LoadedKernel> load_family(const char* family, const std::string& arc
 
 }  // namespace
 
+bool embedded_variant_exists(const char* family, const char* variant) {
+  for (int i = 0; i < kNumEmbeddedKernels; ++i) {
+    const EmbeddedKernel& e = kEmbeddedKernels[i];
+    if (std::strcmp(e.family, family) == 0 && std::strcmp(e.variant, variant) == 0) return true;
+  }
+  return false;
+}
+
 const LoadedKernel* kernels_for_device(const char* family, int device, int* count) {
   Cache& c = cache();
   std::lock_guard<std::mutex> lock(c.mutex);

@@ -51,6 +51,9 @@ struct LoadedKernel {
  */
 const LoadedKernel* kernels_for_device(const char* family, int device, int* count);
 
+//! Whether the build embeds a cubin of `variant` of `family` (for any architecture).
+bool embedded_variant_exists(const char* family, const char* variant);
+
 /*!
  * \brief Launches `k` with grid (grid_x, 1, 1) on `stream` (a CUstream/cudaStream_t),
  *        block, dynamic shared memory and cluster from its manifest entry (grid_x counts

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -35,6 +36,27 @@ int64_t next_pow2(int64_t x) {
   return p;
 }
 
+// Tests and tuning: the variant every launch must run ("" lets choose_variant pick).
+std::mutex g_override_mutex;
+std::string g_variant_override;
+
+std::string variant_override() {
+  std::lock_guard<std::mutex> lock(g_override_mutex);
+  return g_variant_override;
+}
+
+//! Whether variant `e` can run `rows` rows of `segments` x `seg_len` candidates in the
+//! order asked for (`n_sort`: the sort size `sorted` needs) on `sms` multiprocessors.
+bool variant_fits(const EmbeddedKernel& e, int64_t segments, int64_t seg_len, int64_t n_sort,
+                  bool sorted) {
+  // sort_size 0: the default order (any k); else a sort of that many keys.
+  if (sorted ? e.sort_size < n_sort : e.sort_size != 0) return false;
+  // A register variant holds one key of every (segment, block-wide chunk) per thread
+  // (the CTAs of a cluster share them out).
+  const int64_t chunks = segments * ((seg_len + e.block[0] - 1) / e.block[0]);
+  return e.keys_per_thread == 0 || chunks <= e.keys_per_thread * e.cluster[0];
+}
+
 //! The variant that runs `rows` rows of `segments` x `seg_len` candidates, selecting
 //! `sel` = min(k, N) of each in position order (or `sorted`), on `device`. The rules
 //! follow the variant table (cute_dsl_aot/variants.py), in its order.
@@ -44,10 +66,17 @@ const LoadedKernel& choose_variant(int64_t segments, int64_t rows, int64_t seg_l
   int count = 0;
   const LoadedKernel* variants =
       kernels_for_device("stable_topk", static_cast<int>(device), &count);
+  const std::string forced = variant_override();
   for (int i = 0; i < count; ++i) {  // manifest order: fastest first
     const EmbeddedKernel& e = *variants[i].info;
-    // sort_size 0: the default order (any k); else a sort of that many keys.
-    if (sorted ? e.sort_size < n_sort : e.sort_size != 0) continue;
+    if (!forced.empty()) {
+      if (forced != e.variant) continue;
+      if (!variant_fits(e, segments, seg_len, n_sort, sorted)) {
+        throw std::invalid_argument("dsa_ext: stable_topk_from_candidates: the forced variant " +
+                                    forced + " cannot run this shape");
+      }
+      return variants[i];
+    }
     const int64_t sms = variants[i].multiprocessors;
     // A CTA pair per row pays off only while the pairs fit the SMs side by side.
     if (e.cluster[0] > 1 && rows * e.cluster[0] > sms) continue;
@@ -55,12 +84,7 @@ const LoadedKernel& choose_variant(int64_t segments, int64_t rows, int64_t seg_l
     // outnumber the SMs (H200, k = 2048: +7% at 1 row per SM, -15% at 1.5, -3% to -13%
     // from 3).
     if (e.ctas_per_sm > 1 && rows <= sms) continue;
-    // A register variant holds one key of every (segment, block-wide chunk) per thread
-    // (the CTAs of a cluster share them out).
-    const int64_t chunks = segments * ((seg_len + e.block[0] - 1) / e.block[0]);
-    if (e.keys_per_thread == 0 || chunks <= e.keys_per_thread * e.cluster[0]) {
-      return variants[i];
-    }
+    if (variant_fits(e, segments, seg_len, n_sort, sorted)) return variants[i];
   }
   throw std::runtime_error("dsa_ext: stable_topk_from_candidates: no CUDA variant for " +
                            std::string(sorted ? "sorted " : "") + "min(k, N) = " +
@@ -124,6 +148,15 @@ void stable_topk_cpu(const TopkCandidates& cand, const Strided2D<int32_t>& out, 
     }
     for (; j < out.cols; ++j) out(r, j) = -1;
   }
+}
+
+void set_stable_topk_variant_override(const std::string& name) {
+  if (!name.empty() && !embedded_variant_exists("stable_topk", name.c_str())) {
+    throw std::invalid_argument("set_stable_topk_variant_override: no variant named '" + name +
+                                "' in this build");
+  }
+  std::lock_guard<std::mutex> lock(g_override_mutex);
+  g_variant_override = name;
 }
 
 std::string stable_topk_variant(int64_t segments, int64_t rows, int64_t seg_len, int64_t k,
