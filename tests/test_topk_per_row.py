@@ -323,7 +323,7 @@ def test_plan_override_takes_only_built_plans():
 @pytest.mark.cuda
 def test_plans_by_shape():
     from dsa_ext import _C
-    plan = lambda rows, L: tuple(_C.topk_per_row_plan(rows, L, False, 0))  # noqa: E731
+    plan = lambda rows, L: tuple(_C.topk_per_row_plan(rows, L, 0))  # noqa: E731
     assert plan(1, 32768) == (8, 4096, 1)
     assert plan(256, 32768) == (2, 16384, 1)
     assert plan(256, 131072) == (6, 21846, 1)

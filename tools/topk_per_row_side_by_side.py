@@ -83,7 +83,7 @@ def main() -> int:
                 if t < best:
                     best, best_name = t, name
         us = bench_graph(lambda: dsa_ext.topk_per_row(ours_in, K, out=ours), iters=20)
-        plan = tuple(_C.topk_per_row_plan(B, L, dtype is torch.bfloat16, 0))
+        plan = tuple(_C.topk_per_row_plan(B, L, 0))
         tag = ((f" ties{distinct}" if distinct else "") +
                (" bf16" if dtype is torch.bfloat16 else ""))
         shape = f"{B}x{L // 1024}K{tag}"

@@ -14,7 +14,7 @@
 //   buffered) and every CTA finds the same digit holding the k-th key. A pass whose
 //   digit bin is taken whole ends the selection early.
 // - The selection is then: keys whose decided high bits are above the threshold, and the
-//   first `kr` (in column order) of those equal to it. Each thread counts both kinds in a
+//   first `remaining` (in column order) of those equal to it. Each thread counts both kinds in a
 //   contiguous chunk of its CTA's slice (an odd chunk length, so the warp's shared memory
 //   reads hit distinct banks); a block scan and the cluster's per-CTA totals (distributed
 //   shared memory) give every selected column its output position, the number of
@@ -23,16 +23,16 @@
 //   ranks, sorts them (bitonic, shared memory) and rewrites the row.
 //
 // Measured on the H200 (RESULTS.md, k = 2048, fp32 randn): 14.2 us for one 32K row, 220 us
-// for 256 rows of 128K, slower than vLLM's kernels. Every ordered cluster barrier
+// for 256 rows of 128K, slower than the issue's vLLM numbers. Every ordered cluster barrier
 // compiles to MEMBAR.ALL.GPU + CCTL.IVALL (about 11 us of fixed cost with the exchanges
 // around them), and the keys are walked five times (load, two refining passes, count,
 // write): mbarrier-completed DSMEM pushes and a compacted threshold bin are the next steps.
 #include <cooperative_groups.h>
 
 #include <atomic>
-#include <type_traits>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "topk_per_row.h"
 
@@ -474,7 +474,7 @@ template <typename Sink>
 void run_selection(const TopkPerRowArgs& a, const Sink& sink, const Place& place) {
   if (a.rows == 0) return;
   DeviceGuard guard(place.device);
-  const TopkPlan plan = topk_plan(a.rows, a.cols, sm_count(place.device), a.bf16);
+  const TopkPlan plan = topk_plan(a.rows, a.cols, sm_count(place.device));
   if (a.bf16) {
     plan.resident ? launch<uint16_t, true>(a, sink, plan, place)
                   : launch<uint16_t, false>(a, sink, plan, place);
@@ -486,8 +486,7 @@ void run_selection(const TopkPerRowArgs& a, const Sink& sink, const Place& place
 
 }  // namespace
 
-TopkPlan topk_plan(int64_t rows, int64_t cols, int64_t sms, bool bf16) {
-  (void)bf16;  // keys take 4 bytes in shared memory whatever the score type
+TopkPlan topk_plan(int64_t rows, int64_t cols, int64_t sms) {
   TopkPlan plan;
   const int forced = g_plan_override.load(std::memory_order_relaxed);
   if (forced > 0) {
@@ -524,9 +523,9 @@ void set_topk_plan_override(int64_t code) {
   g_plan_override.store(static_cast<int>(code), std::memory_order_relaxed);
 }
 
-std::array<int64_t, 3> topk_per_row_plan(int64_t rows, int64_t cols, bool bf16, int64_t device) {
+std::array<int64_t, 3> topk_per_row_plan(int64_t rows, int64_t cols, int64_t device) {
   DeviceGuard guard(device);
-  const TopkPlan plan = topk_plan(rows, cols, sm_count(device), bf16);
+  const TopkPlan plan = topk_plan(rows, cols, sm_count(device));
   return {plan.cluster, plan.slice, plan.resident ? 1 : 0};
 }
 

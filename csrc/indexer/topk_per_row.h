@@ -104,8 +104,9 @@ struct TopkPlan {
   bool resident = true;
 };
 
-//! The plan for `rows` rows of at most `cols` columns on a device of `sms` multiprocessors.
-TopkPlan topk_plan(int64_t rows, int64_t cols, int64_t sms, bool bf16);
+//! The plan for `rows` rows of at most `cols` columns on a device of `sms` multiprocessors
+//! (keys take 4 bytes of shared memory whatever the score type).
+TopkPlan topk_plan(int64_t rows, int64_t cols, int64_t sms);
 
 /*!
  * \brief Tests and tuning: code < 0 lets topk_plan choose (the default); 1..16 forces
@@ -115,8 +116,7 @@ TopkPlan topk_plan(int64_t rows, int64_t cols, int64_t sms, bool bf16);
 void set_topk_plan_override(int64_t code);
 
 //! The plan for a shape on CUDA device `device`: (cluster, slice, resident).
-std::array<int64_t, 3> topk_per_row_plan(int64_t rows, int64_t cols, bool bf16,
-                                         int64_t device);
+std::array<int64_t, 3> topk_per_row_plan(int64_t rows, int64_t cols, int64_t device);
 
 void topk_per_row_cpu(const TopkPerRowArgs& args);
 void topk_per_row_cuda(const TopkPerRowArgs& args, const Place& place);
