@@ -44,7 +44,9 @@ class DecodePathRule:
 DECODE_PATH_RULES: tuple[DecodePathRule, ...] = (
     # SM100 family (B200/GB200/B300): any next_n, FP8 or FP4 cache (multi-atom split).
     DecodePathRule("sm100 family", (10,), None),
-    # SM90 (H100/H200): next_n in {1, 2}; 4 where the kernel build declares it.
+    # SM90 (H100/H200): next_n in {1, 2}; 4 where the kernel build declares it. DeepGEMM
+    # since 7f2a703 (2.x, 54e2261 included) asserts next_n in {1, 2} on sm_90; builds
+    # before it instantiate any next_n there (vLLM's notes: {1, 2, 4}).
     DecodePathRule("sm90", (9,), frozenset({1, 2}), frozenset({4})),
     DecodePathRule("other", (), frozenset({1, 2})),
 )
