@@ -83,7 +83,8 @@ export MAX_JOBS="$(nproc)"
 # in the first run on the H200 image (torch 2.11, g++ from /opt/gcc) every first call
 # (DeepGEMM's own test included) died with SIGSEGV inside get_paged_mqa_logits_metadata,
 # before its JIT wrote anything. A build whose first call crashes is retried with the
-# compiler's own libstdc++ preloaded, then rebuilt with libstdc++ linked statically.
+# compiler's own libstdc++ preloaded, then rebuilt with the system g++ (when that is
+# another compiler), then with libstdc++ linked statically.
 cat >"$BUILD/segv_backtrace.c" <<'C'
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -153,9 +154,15 @@ else
     CXXLIB="$(${CXX:-${CC:-g++}} -print-file-name=libstdc++.so.6)"
     echo "runtime libstdc++ of _C: $(ldd "$($PY -c 'import deep_gemm._C as c; print(c.__file__)' \
       2>/dev/null)" 2>/dev/null | grep stdc++); compiler's: $CXXLIB" >>"$LOG"
+    SYSTEM_CXX=/usr/bin/g++
     if [ -f "$CXXLIB" ] && probe "preloaded $CXXLIB" "$CXXLIB"; then
       export LD_PRELOAD="$CXXLIB"
       echo "LD_PRELOAD=$CXXLIB for the steps below" | tee -a "$LOG"
+    elif [ -x "$SYSTEM_CXX" ] && [ "$(realpath "$SYSTEM_CXX")" != "$(realpath "$(command -v \
+         "${CXX:-${CC:-g++}}")")" ] && { "$SYSTEM_CXX" --version | head -1 >>"$LOG"
+         build_and_install system_cxx CC="$SYSTEM_CXX" CXX="$SYSTEM_CXX" \
+           LDSHARED="$SYSTEM_CXX -shared"; probe system_cxx; }; then
+      echo "built with $SYSTEM_CXX" | tee -a "$LOG"
     else
       build_and_install static_libstdcxx LDFLAGS="-static-libstdc++ -static-libgcc"
       probe static_libstdcxx
