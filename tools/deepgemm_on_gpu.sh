@@ -60,13 +60,15 @@ tar -xJf "$SRC/deepgemm-src.tar.xz" -C "$BUILD"
 # torch's CUDA headers include the cuBLAS, cuSPARSE and cuSOLVER headers, and DeepGEMM
 # links NVRTC and the CUDA runtime: from the toolkit where it has them, else from the
 # nvidia-* wheels torch was installed with (their libraries carry only versioned names,
-# so unversioned links for the linker go into $BUILD/lib).
+# so unversioned links for the linker go into $BUILD/lib). Only the build sees these
+# paths (BUILD_PATHS): DeepGEMM's JIT compiles with the toolkit alone.
 SITE="$($PY -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+BUILD_CPATH="${CPATH:-}"
 for header in cublasLt.h cusparse.h cusolverDn.h nvrtc.h; do
   dir="$(find "$CUDA_HOME/include" "$SITE/nvidia" -maxdepth 3 -name "$header" -printf '%h\n' \
          2>/dev/null | head -1)"
   echo "$header: ${dir:-not found}" >>"$LOG"
-  [ -n "$dir" ] && export CPATH="$dir${CPATH:+:$CPATH}"
+  [ -n "$dir" ] && BUILD_CPATH="$dir${BUILD_CPATH:+:$BUILD_CPATH}"
 done
 for lib in nvrtc cudart; do
   file="$(find "$CUDA_HOME/lib64" "$CUDA_HOME/lib" "$SITE/nvidia" -name "lib$lib.so*" \
@@ -75,8 +77,7 @@ for lib in nvrtc cudart; do
   [ -n "$file" ] && ln -sf "$file" "$BUILD/lib/lib$lib.so" \
     && export LD_LIBRARY_PATH="$(dirname "$file")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 done
-export LIBRARY_PATH="$BUILD/lib${LIBRARY_PATH:+:$LIBRARY_PATH}"
-export MAX_JOBS="$(nproc)"
+BUILD_PATHS=(CPATH="$BUILD_CPATH" LIBRARY_PATH="$BUILD/lib${LIBRARY_PATH:+:$LIBRARY_PATH}")
 
 # DeepGEMM's first call JIT-compiles (schedule kernel) and runs. It is probed under a
 # SIGSEGV handler that prints a native backtrace (file:line in DeepGEMM via addr2line):
@@ -137,7 +138,8 @@ build_and_install() {  # build_and_install LABEL [ENV...]: a wheel into $BUILD/w
   cd "$BUILD/deepgemm"
   # DG_USE_LOCAL_VERSION=0: version 2.6.1 without a "+local" tag, so the wheel's name
   # survives the trip back from the GPU machine.
-  step "deepgemm_build_$1" deepgemm_build.log env DG_USE_LOCAL_VERSION=0 "${@:2}" timeout 400 \
+  step "deepgemm_build_$1" deepgemm_build.log env "${BUILD_PATHS[@]}" DG_USE_LOCAL_VERSION=0 \
+    "${@:2}" timeout 400 \
     $PY -m pip wheel --no-build-isolation --no-deps --no-index -v -w "$BUILD/wheel" .
   cd /tmp
   step "deepgemm_install_$1" deepgemm_build.log $PY -m pip install --force-reinstall \
