@@ -5,7 +5,7 @@ takes."""
 import pytest
 import torch
 
-from dsa_ext import decode_path
+from dsa_ext import decode_path, mqa_logits
 from dsa_ext.indexer import IndexerMetadataBuilder
 from dsa_ext.mqa_logits import (deep_gemm, pack_fp8_kv_cache, paged_mqa_logits,
                                 paged_mqa_logits_schedule, quantize_fp8_kv_cache,
@@ -73,6 +73,73 @@ def test_errors_name_the_argument():
     if deep_gemm() is None or not HAS_CUDA:
         with pytest.raises(ValueError, match="use_deep_gemm=True but"):
             paged_mqa_logits(q, packed, None, w, ctx, table, 4, use_deep_gemm=True)
+
+
+class StandInDeepGemm:
+    """DeepGEMM's Python API as the call path sees it (2.x names, or only the older
+    fp8_paged_mqa_logits), computing with the torch path and leaving what DeepGEMM leaves
+    unwritten past each row's length as junk, in rows padded like DeepGEMM's."""
+
+    def __init__(self, new_api):
+        self.calls = []
+        if new_api:
+            self.fp8_fp4_paged_mqa_logits = self._new
+        else:
+            self.fp8_paged_mqa_logits = self._old
+
+    def get_num_sms(self):
+        return 3
+
+    def get_paged_mqa_logits_metadata(self, context_lens, block_kv, num_sms):
+        assert context_lens.dim() == 2 and context_lens.is_contiguous()
+        self.calls.append(("schedule", block_kv, num_sms))
+        return torch.zeros(num_sms + 1, 2, dtype=I32)
+
+    def _new(self, q, kv_cache, weights, context_lens, block_table, schedule, max_len, *,
+             clean_logits):
+        q_fp, q_sf = q
+        assert q_sf is None
+        return self._old(q_fp, kv_cache, weights, context_lens, block_table, schedule,
+                         max_len, clean_logits=clean_logits)
+
+    def _old(self, q, kv_cache, weights, context_lens, block_table, schedule, max_len, *,
+             clean_logits):
+        assert not clean_logits and schedule.shape == (4, 2)
+        assert block_table.shape[0] == q.shape[0]  # one table row per query group
+        self.calls.append(("logits", tuple(q.shape)))
+        exact = paged_mqa_logits(q, kv_cache, None, weights, context_lens, block_table,
+                                 max_len, use_deep_gemm=False)
+        padded = torch.full((exact.shape[0], max_len + 256), 7.0)
+        padded[:, :max_len] = torch.where(torch.isinf(exact), 7.0, exact)
+        return padded[:, :max_len]
+
+
+@pytest.mark.parametrize("new_api", [True, False])
+def test_deep_gemm_call_path_with_a_stand_in(new_api):
+    """The DeepGEMM path passes DeepGEMM's arguments (2-D lengths, one table row per
+    group, its schedule, clean_logits=False) and sets -inf past each row itself; native
+    and flattened layouts give the torch path's logits."""
+    g = torch.Generator().manual_seed(3)
+    B, n, H, D, bs, nb, NB = 3, 2, 4, 16, 8, 20, 4
+    q = torch.randn(B, n, H, D, generator=g).to(FP8)
+    kv = quantize_fp8_kv_cache(torch.randn(nb, bs, D, generator=g))
+    w = torch.rand(B * n, H, generator=g)
+    S = torch.tensor([30, 0, 17], dtype=I32)
+    table = torch.randint(0, nb, (B, NB), generator=g, dtype=I32)
+    qsl = torch.arange(B + 1, dtype=I32) * n
+    builder = IndexerMetadataBuilder("cpu", n, bs, B, NB * bs, capability=(10, 0))
+    for uniform in (True, False):
+        md = builder.build_decode(S, qsl, table, B, B * n, uniform=uniform)
+        qq = q if uniform else q.view(B * n, 1, H, D)
+        row_map = None if uniform else md.row_map
+        want = paged_mqa_logits(qq, kv, None, w, md.context_lens, md.block_table,
+                                md.max_context_len, row_map=row_map, use_deep_gemm=False)
+        dg = StandInDeepGemm(new_api)
+        got = mqa_logits._deep_gemm_logits(dg, qq, kv, w, md.context_lens, md.block_table,
+                                           md.max_context_len, row_map, None)
+        assert dg.calls == [("schedule", bs, 3), ("logits", tuple(qq.shape))]
+        assert got.stride(0) == md.max_context_len + 256
+        assert torch.equal(got, want)
 
 
 # ---------------------------------------------------------------------------------------

@@ -45,12 +45,7 @@ def deep_gemm():
 
 @functools.lru_cache(maxsize=None)
 def num_sms(device: torch.device) -> int:
-    """The SM count DeepGEMM schedules for: its own setting (``deep_gemm.get_num_sms()``,
-    which its kernel checks the schedule against) when it has one, else the device's
-    multiprocessors (read once per device)."""
-    dg = deep_gemm()
-    if dg is not None and hasattr(dg, "get_num_sms"):
-        return int(dg.get_num_sms())
+    """Multiprocessors of a CUDA device (read once per device)."""
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
@@ -59,7 +54,9 @@ def paged_mqa_logits_schedule(context_lens: Tensor, block_size: int) -> Tensor:
     block_size, num_sms)``: int32 ``[num_sms + 1, 2]`` on the device, no host read.
 
     ``context_lens`` is the kernel's int32 ``[N, n]`` (contiguous); ``block_size`` is the
-    KV block size (DeepGEMM's block_kv: 64 on sm_90, 32 or 64 on sm_100).
+    KV block size (DeepGEMM's block_kv: 64 on sm_90, 32 or 64 on sm_100). ``num_sms`` is
+    DeepGEMM's own setting (``deep_gemm.get_num_sms()``, which its kernel checks the
+    schedule's size against) where it has one, else the device's.
 
     Raises:
         ValueError if deep_gemm is not importable.
@@ -68,8 +65,12 @@ def paged_mqa_logits_schedule(context_lens: Tensor, block_size: int) -> Tensor:
     if dg is None:
         raise ValueError("paged_mqa_logits_schedule needs deep_gemm with "
                          "get_paged_mqa_logits_metadata, which is not importable")
-    return dg.get_paged_mqa_logits_metadata(context_lens.contiguous(), block_size,
-                                            num_sms(context_lens.device))
+    return _schedule(dg, context_lens, block_size)
+
+
+def _schedule(dg, context_lens: Tensor, block_size: int) -> Tensor:
+    sms = dg.get_num_sms() if hasattr(dg, "get_num_sms") else num_sms(context_lens.device)
+    return dg.get_paged_mqa_logits_metadata(context_lens.contiguous(), block_size, sms)
 
 
 # ---------------------------------------------------------------------------------------
@@ -237,7 +238,7 @@ def _deep_gemm_logits(dg, q, kv_cache, weights, context_lens, block_table, max_c
     # DeepGEMM reads one table row per query group.
     table = block_table if row_map is None else block_table.index_select(0, row_map.clamp(min=0))
     if schedule_metadata is None:
-        schedule_metadata = paged_mqa_logits_schedule(context_lens, kv_cache.shape[1])
+        schedule_metadata = _schedule(dg, context_lens, kv_cache.shape[1])
     # clean_logits=False: DeepGEMM's own cleaning takes 1-D lengths only (2.x asserts
     # against 2-D ones); columns past a row's length are left unwritten and set below.
     if hasattr(dg, "fp8_fp4_paged_mqa_logits"):
