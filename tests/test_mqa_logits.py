@@ -66,7 +66,8 @@ def test_errors_name_the_argument():
     packed = pack_fp8_kv_cache(torch.zeros(1, 4, 4).to(FP8), torch.ones(1, 4))
     with pytest.raises(ValueError, match="kv_scale must be None with a fused kv_cache"):
         paged_mqa_logits(q, packed, torch.ones(1, 4), w, ctx, table, 4)
-    with pytest.raises(ValueError, match=r"kv_cache must have shape \[num_blocks, block_size, 1, 12\]"):
+    with pytest.raises(ValueError,
+                       match=r"kv_cache must have shape \[num_blocks, block_size, 1, 12\]"):
         paged_mqa_logits(torch.zeros(2, 1, 1, 8).to(FP8), packed, None, w, ctx, table, 4)
     with pytest.raises(TypeError, match="kv_scale must be float32, got torch.float16"):
         pack_fp8_kv_cache(torch.zeros(1, 4, 4).to(FP8), torch.ones(1, 4, dtype=torch.float16))

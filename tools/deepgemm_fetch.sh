@@ -48,7 +48,8 @@ git --git-dir="$FMT_GIT" archive "$FMT_COMMIT" include | tar -x -C "$SRC/third-p
   --implementation cp --platform manylinux2014_x86_64 -d "$WORK/wheel" "$CUTLASS_WHEEL"
 mkdir -p "$SRC/third-party/cutlass/include"
 (cd "$WORK/wheel" && "$PY" -m zipfile -e ./*.whl unpacked)
-cp -r "$WORK/wheel/unpacked/deep_gemm/include/cute" "$WORK/wheel/unpacked/deep_gemm/include/cutlass" \
+HEADERS="$WORK/wheel/unpacked/deep_gemm/include"
+cp -r "$HEADERS/cute" "$HEADERS/cutlass" \
   "$SRC/third-party/cutlass/include/"
 
 {
