@@ -44,7 +44,9 @@ class DecodePathRule:
 DECODE_PATH_RULES: tuple[DecodePathRule, ...] = (
     # SM100 family (B200/GB200/B300): any next_n, FP8 or FP4 cache (multi-atom split).
     DecodePathRule("sm100 family", (10,), None),
-    # SM90 (H100/H200): next_n in {1, 2}; 4 where the kernel build declares it.
+    # SM90 (H100/H200): next_n in {1, 2}; 4 where the kernel build declares it. DeepGEMM
+    # since 7f2a703 (2.x, 54e2261 included) asserts next_n in {1, 2} on sm_90; builds
+    # before it instantiate any next_n there (vLLM's notes: {1, 2, 4}).
     DecodePathRule("sm90", (9,), frozenset({1, 2}), frozenset({4})),
     DecodePathRule("other", (), frozenset({1, 2})),
 )
@@ -279,13 +281,10 @@ class IndexerMetadataBuilder:
         self._table = None
         if materialize_block_table:  # ragged batches are flattened on every path
             self._table = torch.zeros(cap, -(-max_model_len // block_size), **i32)
-        self._dg = None
-        if deep_gemm_schedule:
-            self._dg = mqa_logits.deep_gemm() if self.device.type == "cuda" else None
-            if self._dg is None:
-                raise ValueError("deep_gemm_schedule=True needs a CUDA device and deep_gemm "
-                                 "with get_paged_mqa_logits_metadata")
-        self._num_sms = mqa_logits.num_sms(self.device) if self._dg is not None else 0
+        self._schedule = deep_gemm_schedule
+        if deep_gemm_schedule and (self.device.type != "cuda" or mqa_logits.deep_gemm() is None):
+            raise ValueError("deep_gemm_schedule=True needs a CUDA device and deep_gemm "
+                             "with get_paged_mqa_logits_metadata")
 
     # -- decode ------------------------------------------------------------------------
 
@@ -335,9 +334,8 @@ class IndexerMetadataBuilder:
                 rows.copy_(torch.index_select(block_table[:B, :nb], 0, row_map.clamp(min=0)))
             table, per_token = rows, True
         schedule = None
-        if self._dg is not None and Td:
-            schedule = self._dg.get_paged_mqa_logits_metadata(
-                local_2d, self.block_size, self._num_sms)
+        if self._schedule and Td:
+            schedule = mqa_logits.paged_mqa_logits_schedule(local_2d, self.block_size)
         return DecodeMetadata(
             path="native" if native else "flatten", next_n=n, num_reqs=B, num_tokens=Td,
             context_lens=local_2d, global_context_lens=glob_2d, seq_lens_per_token=glob,
