@@ -325,13 +325,15 @@ def test_plans_by_shape():
     from dsa_ext import _C
     plan = lambda rows, L: tuple(_C.topk_per_row_plan(rows, L, 0))  # noqa: E731
     assert plan(1, 32768) == (8, 4096, 1)
-    assert plan(256, 32768) == (2, 16384, 1)
-    assert plan(256, 131072) == (6, 21846, 1)
+    assert plan(64, 32768) == (2, 16384, 1)
+    assert plan(256, 32768) == (1, 32768, 1)
+    assert plan(64, 131072) == (3, 43691, 1)
+    assert plan(256, 131072) == (3, 43691, 1)
     assert plan(1, 1 << 20) == (8, 131072, 0)  # past the cluster's shared memory: streamed
     assert plan(100000, 100) == (1, 100, 1)
 
 
-PLANS = [1, 2, 3, 5, 8, 16, 101, 104, 108]
+PLANS = [1, 2, 3, 5, 6, 8, 16, 101, 104, 108]
 
 
 @pytest.mark.cuda

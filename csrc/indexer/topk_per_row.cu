@@ -48,9 +48,8 @@ constexpr int kLoadsInFlight = 8;           // 16-byte loads per thread per batc
 //! Largest cluster the plan picks (the portable limit); the override may force up to 16.
 constexpr int kMaxPlanCluster = 8;
 constexpr int kMaxCluster = 16;
-//! Keys per CTA: one CTA per SM (208 KB of keys), or two CTAs per SM (96 KB each).
+//! Keys per CTA at most: one CTA per SM (208 KB of keys).
 constexpr int64_t kSliceOneCta = 53248;
-constexpr int64_t kSliceTwoCtas = 24576;
 constexpr int kMaxDynamicSmem = static_cast<int>(kSliceOneCta * 4);
 //! Fewest columns per CTA the plan spreads a row to (shorter slices only add exchanges).
 constexpr int64_t kMinSlice = 1024;
@@ -495,10 +494,12 @@ TopkPlan topk_plan(int64_t rows, int64_t cols, int64_t sms) {
     plan.resident = forced < 100 && plan.slice <= kSliceOneCta;
     return plan;
   }
-  // Few rows: spread each over a whole cluster (latency); many rows: the fewest CTAs per
-  // row whose slices let two CTAs share an SM, so one loads while the other selects.
-  const int64_t needed = (cols + kSliceTwoCtas - 1) / kSliceTwoCtas;
-  int64_t spread = 2 * sms / (rows > 0 ? rows : 1);
+  // Few rows: spread each over up to a cluster of 8 (latency); many rows: the fewest CTAs
+  // whose slices fit one CTA's shared memory. H200, k = 2048, fp32 (cluster size: us):
+  // 64 x 32K 2: 18.4, 4: 28.0; 256 x 32K 1: 48.3, 2: 49.2; 64 x 128K 3: 63.8, 6: 66.5;
+  // 256 x 128K 3: 205, 6: 221; 1 x 128K 8: 22.0, 6: 24.5.
+  const int64_t needed = (cols + kSliceOneCta - 1) / kSliceOneCta;
+  int64_t spread = sms / (rows > 0 ? rows : 1);
   if (spread > kMaxPlanCluster) spread = kMaxPlanCluster;
   if (spread > (cols + kMinSlice - 1) / kMinSlice) spread = (cols + kMinSlice - 1) / kMinSlice;
   int64_t c = needed > spread ? needed : spread;
