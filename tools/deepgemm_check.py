@@ -25,6 +25,7 @@ import sys
 import torch
 
 from dsa_ext import decode_path
+from dsa_ext.bench import graph_us
 from dsa_ext.indexer import IndexerMetadataBuilder
 from dsa_ext.mqa_logits import (deep_gemm, paged_mqa_logits, quantize_fp8_kv_cache,
                                 unpack_fp8_kv_cache)
@@ -70,22 +71,6 @@ def logits(c, md, use_deep_gemm=True, absolute=False):
                             use_deep_gemm=use_deep_gemm)
 
 
-def graph_us(fn, iters):
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1e3 / iters
-
-
 def calc_diff(x, y):
     x, y = x.double(), y.double()
     return (1 - 2 * (x * y).sum() / (x * x + y * y).sum()).item()
@@ -104,10 +89,10 @@ def check_next_n(next_n, B, context, iters):
         torch.cuda.synchronize()
         row["deep_gemm_native"] = "runs"
         row["native_equals_flattened"] = bool(torch.equal(ln, lf))
-        row["native_us"] = graph_us(lambda: logits(c, native), iters)
+        row["native_us"] = graph_us([lambda: logits(c, native)], launches=iters)
     except RuntimeError as e:
         row["deep_gemm_native"] = "refused: " + str(e).splitlines()[0][-160:]
-    row["flattened_us"] = graph_us(lambda: logits(c, flat), iters)
+    row["flattened_us"] = graph_us([lambda: logits(c, flat)], launches=iters)
     want = logits(c, flat, use_deep_gemm=False)
     finite = torch.isfinite(want)
     row["same_inf"] = bool(torch.equal(torch.isinf(lf), torch.isinf(want)))

@@ -33,16 +33,7 @@ export DG_JIT_CACHE_DIR="${DG_JIT_CACHE_DIR:-/tmp/deepgemm-jit}"
 [ -d /usr/local/cuda/bin ] && export PATH="/usr/local/cuda/bin:$PATH"
 export CUDA_HOME="${CUDA_HOME:-$(dirname "$(dirname "$(command -v nvcc)")")}"
 LOG="$OUT/deepgemm_build.log"
-declare -A STATUS
-
-step() {  # step NAME LOG CMD...: run CMD with output in OUT/LOG, record its exit code
-  local name="$1" log="$2"; shift 2
-  local t0=$SECONDS
-  echo "== $name" | tee -a "$OUT/$log"
-  "$@" >>"$OUT/$log" 2>&1
-  STATUS[$name]=$?
-  echo "== $name: exit ${STATUS[$name]} after $((SECONDS - t0)) s" | tee -a "$OUT/$log"
-}
+. "$REPO/tools/steps.sh"
 
 BUILD=/tmp/deepgemm-build
 rm -rf "$BUILD" && mkdir -p "$BUILD/lib" "$BUILD/wheel"

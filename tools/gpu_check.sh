@@ -30,16 +30,7 @@ PY=python3
 # Spread the test suite over workers when pytest-xdist is there.
 XDIST=""
 $PY -c "import xdist" 2>/dev/null && XDIST="-n 4"
-declare -A STATUS
-
-step() {  # step NAME LOG CMD...: run CMD with output in OUT/LOG, record its exit code
-  local name="$1" log="$2"; shift 2
-  local t0=$SECONDS
-  echo "== $name" | tee -a "$OUT/$log"
-  "$@" >>"$OUT/$log" 2>&1
-  STATUS[$name]=$?
-  echo "== $name: exit ${STATUS[$name]} after $((SECONDS - t0)) s" | tee -a "$OUT/$log"
-}
+. "$REPO/tools/steps.sh"
 
 {
   date -u +"%Y-%m-%dT%H:%M:%SZ"

@@ -208,17 +208,8 @@ def topk_to_slots(
     device = logits.device
     block_stride = kv_index.check_tables(req_id, block_table, block_size, block_stride, rows,
                                          device)
-    if out is None:
-        out = torch.empty((rows, k), dtype=torch.int32, device=device)
-    else:
-        _checks.tensor("out", out, torch.int32, 2, device)
-        _checks.shape("out", out, (rows, k))
-    if valid_counts is None:
-        if compact or return_valid_counts:
-            valid_counts = torch.empty((rows,), dtype=torch.int32, device=device)
-    else:
-        _checks.tensor("valid_counts", valid_counts, torch.int32, 1, device)
-        _checks.shape("valid_counts", valid_counts, (rows,))
+    out, valid_counts = kv_index.slot_outputs(out, valid_counts, rows, k,
+                                              compact or return_valid_counts, device)
     _native.call("topk_to_slots", logits, k, lengths, seq_lens, next_n, row_starts, row_ends,
                  req_id, block_table, block_size, block_stride, compact, out, valid_counts)
     return (out, valid_counts) if return_valid_counts else out

@@ -101,22 +101,31 @@ def convert_req_index_to_global_index(
         _checks.integer("prefill_workspace_rank_stride", prefill_workspace_rank_stride, 0)
     elif prefill_workspace_starts is not None:
         raise ValueError("prefill_workspace_starts is only used with prefill_request_id")
-    if out is None:
-        out = torch.empty((T, K), dtype=torch.int32, device=device)
-    else:
-        _checks.tensor("out", out, torch.int32, 2, device)
-        _checks.shape("out", out, (T, K))
-    if valid_counts is None:
-        if compact or return_valid_counts:
-            valid_counts = torch.empty((T,), dtype=torch.int32, device=device)
-    else:
-        _checks.tensor("valid_counts", valid_counts, torch.int32, 1, device)
-        _checks.shape("valid_counts", valid_counts, (T,))
+    out, valid_counts = slot_outputs(out, valid_counts, T, K, compact or return_valid_counts,
+                                     device)
     _native.call("convert_req_index_to_global_index", req_id, block_table, token_indices,
                  block_size, block_stride, dcp_world_size, dcp_rank, interleave, compact,
                  idx_mapping, prefill_request_id, prefill_workspace_starts,
                  prefill_workspace_rank_stride, out, valid_counts)
     return (out, valid_counts) if return_valid_counts else out
+
+
+def slot_outputs(out: Optional[Tensor], valid_counts: Optional[Tensor], rows: int, cols: int,
+                 counts: bool, device: torch.device) -> tuple:
+    """The int32 ``out [rows, cols]`` and ``valid_counts [rows]`` of a conversion: checked
+    when given, allocated when not (``valid_counts`` only if ``counts`` are needed)."""
+    if out is None:
+        out = torch.empty((rows, cols), dtype=torch.int32, device=device)
+    else:
+        _checks.tensor("out", out, torch.int32, 2, device)
+        _checks.shape("out", out, (rows, cols))
+    if valid_counts is None:
+        if counts:
+            valid_counts = torch.empty((rows,), dtype=torch.int32, device=device)
+    else:
+        _checks.tensor("valid_counts", valid_counts, torch.int32, 1, device)
+        _checks.shape("valid_counts", valid_counts, (rows,))
+    return out, valid_counts
 
 
 def check_tables(req_id: Tensor, block_table: Tensor, block_size: int,
