@@ -209,6 +209,31 @@ def _check_stable_topk(device: torch.device, clock: Clock) -> None:
                 _equal(f"top-{k} of {tuple(cands.shape)} sorted={order}", got, want)
 
 
+@check("topk_per_row / topk_to_slots")
+def _check_topk_per_row(device: torch.device, clock: Clock) -> None:
+    g = torch.Generator().manual_seed(5)
+    rows, L, k, B = 8, 8192, 2048, 4
+    logits = torch.randn(rows, L, generator=g)
+    logits[:, ::5] = torch.randint(0, 3, (rows, (L + 4) // 5), generator=g).float()  # ties
+    logits[0, :100] = float("nan")
+    seq_lens = torch.tensor([L, 3000, 1500, 17], dtype=torch.int32)  # decode, next_n = 2
+    for bounds in ({}, {"seq_lens": seq_lens, "next_n": 2}):
+        for order in (False, True):
+            want = clock.ref(reference.topk_per_row, logits, k, sorted=order, **bounds)
+            got = clock.op(dsa_ext.topk_per_row, logits.to(device), k, sorted=order,
+                           **{n: v.to(device) if isinstance(v, torch.Tensor) else v
+                              for n, v in bounds.items()})
+            _equal(f"top-{k} of {rows}x{L} sorted={order} {sorted(bounds)}", got, want)
+    req = torch.arange(rows, dtype=torch.int32) % B
+    table = torch.randint(0, 1 << 16, (B, L // 64), generator=g, dtype=torch.int32)
+    want, want_counts = clock.ref(reference.topk_to_slots, logits, k, req, table, 64,
+                                  compact=True)
+    got, counts = clock.op(dsa_ext.topk_to_slots, logits.to(device), k, req.to(device),
+                           table.to(device), 64, compact=True, return_valid_counts=True)
+    _equal("topk_to_slots", got, want)
+    _equal("topk_to_slots valid_counts", counts, want_counts)
+
+
 @check("merge_attention_outputs (fake W=4)")
 def _check_lse_merge(device: torch.device, clock: Clock) -> None:
     g = torch.Generator().manual_seed(2)
