@@ -61,7 +61,8 @@ class Variant:
 
 
 def sort_buffers(sort_size: int) -> int:
-    return 2 if 2 * sort_size * 8 + (NUM_BINS + COPY_WORDS) * 8 + CTL_WORDS * 4 <= SMEM_BUDGET else 1
+    two = 2 * sort_size * 8 + histograms(False) * (NUM_BINS + COPY_WORDS) * 4 + CTL_WORDS * 4
+    return 2 if two <= SMEM_BUDGET else 1
 
 
 def histograms(pair: bool) -> int:

@@ -45,8 +45,8 @@ std::string variant_override() {
   return g_variant_override;
 }
 
-//! Whether variant `e` can run `rows` rows of `segments` x `seg_len` candidates in the
-//! order asked for (`n_sort`: the sort size `sorted` needs) on `sms` multiprocessors.
+//! Whether variant `e` can run rows of `segments` x `seg_len` candidates in the order
+//! asked for (`sorted` needs a sort of at least `n_sort` keys).
 bool variant_fits(const EmbeddedKernel& e, int64_t segments, int64_t seg_len, int64_t n_sort,
                   bool sorted) {
   // sort_size 0: the default order (any k); else a sort of that many keys.

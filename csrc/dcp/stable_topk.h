@@ -59,14 +59,14 @@ void stable_topk_from_candidates(const Desc3& candidates, const Desc2& out, bool
  *        `device` runs for `rows` rows of `segments` x `seg_len` candidates and `k` ids
  *        per row, in position order or `sorted`.
  */
+std::string stable_topk_variant(int64_t segments, int64_t rows, int64_t seg_len, int64_t k,
+                                bool sorted, int64_t device);
+
 /*!
  * \brief Tests and tuning: every CUDA launch runs the variant `name` (std::invalid_argument
  *        at launch if it cannot run the shape); "" lets the launcher choose (the default).
  *        Throws std::invalid_argument for a name the build has no cubin of.
  */
 void set_stable_topk_variant_override(const std::string& name);
-
-std::string stable_topk_variant(int64_t segments, int64_t rows, int64_t seg_len, int64_t k,
-                                bool sorted, int64_t device);
 
 }  // namespace dsa

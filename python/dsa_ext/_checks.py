@@ -40,6 +40,17 @@ def optional_tensor(name: str, t, dtype=None, ndim=None, device=None):
     return None if t is None else tensor(name, t, dtype, ndim, device)
 
 
+def output(name: str, t: Optional[torch.Tensor], dtype: torch.dtype, size: Sequence[int],
+           device: torch.device) -> torch.Tensor:
+    """An op's output buffer: `t` checked (dtype, rank, shape, device) when given, else a
+    new uninitialized tensor of that shape."""
+    if t is None:
+        return torch.empty(tuple(size), dtype=dtype, device=device)
+    tensor(name, t, dtype, len(size), device)
+    shape(name, t, size)
+    return t
+
+
 def shape(name: str, t: torch.Tensor, expected: Sequence[int]) -> None:
     if t.shape != tuple(expected):
         raise ValueError(f"{name} must have shape {tuple(expected)}, got {tuple(t.shape)}")

@@ -82,11 +82,7 @@ def pack_dcp_topk_candidates(
     _checks.dcp_layout(world_size, rank, interleave, names=("world_size", "rank", "interleave"))
     rows, K = topk_indices.shape
     device = topk_indices.device
-    if out is None:
-        out = torch.empty((rows, K), dtype=torch.int64, device=device)
-    else:
-        _checks.tensor("out", out, torch.int64, 2, device)
-        _checks.shape("out", out, (rows, K))
+    out = _checks.output("out", out, torch.int64, (rows, K), device)
     _native.call("pack_dcp_topk_candidates", logits, topk_indices, rank, world_size,
                  interleave, row_starts, out)
     return out
@@ -319,11 +315,7 @@ def merge_topk_global_from_logits(
                         f"got {logits.dtype}")
     _checks.dcp_layout(world_size, rank, interleave, names=("world_size", "rank", "interleave"))
     device = logits.device
-    if out is None:
-        out = torch.empty((rows, k), dtype=torch.int32, device=device)
-    else:
-        _checks.tensor("out", out, torch.int32, 2, device)
-        _checks.shape("out", out, (rows, k))
+    out = _checks.output("out", out, torch.int32, (rows, k), device)
     if world_size == 1:  # the local top-K is the global one
         _native.call("topk_per_row", logits, k, lengths, seq_lens, next_n, row_starts,
                      row_ends, sorted, out)

@@ -88,11 +88,7 @@ def topk_per_row(
     """
     rows = check_topk_inputs(logits, k, lengths, seq_lens, next_n, row_starts, row_ends,
                              sorted)
-    if out is None:
-        out = torch.empty((rows, k), dtype=torch.int32, device=logits.device)
-    else:
-        _checks.tensor("out", out, torch.int32, 2, logits.device)
-        _checks.shape("out", out, (rows, k))
+    out = _checks.output("out", out, torch.int32, (rows, k), logits.device)
     _native.call("topk_per_row", logits, k, lengths, seq_lens, next_n, row_starts, row_ends,
                  sorted, out)
     return out
@@ -260,11 +256,7 @@ def topk_to_candidates(
         raise TypeError(f"logits must be float32 (the candidate keys hold fp32 scores), "
                         f"got {logits.dtype}")
     _checks.dcp_layout(world_size, rank, interleave, names=("world_size", "rank", "interleave"))
-    if out is None:
-        out = torch.empty((rows, k), dtype=torch.int64, device=logits.device)
-    else:
-        _checks.tensor("out", out, torch.int64, 2, logits.device)
-        _checks.shape("out", out, (rows, k))
+    out = _checks.output("out", out, torch.int64, (rows, k), logits.device)
     _native.call("topk_to_candidates", logits, k, lengths, seq_lens, next_n, row_starts,
                  row_ends, rank, world_size, interleave, out)
     return out

@@ -114,17 +114,9 @@ def slot_outputs(out: Optional[Tensor], valid_counts: Optional[Tensor], rows: in
                  counts: bool, device: torch.device) -> tuple:
     """The int32 ``out [rows, cols]`` and ``valid_counts [rows]`` of a conversion: checked
     when given, allocated when not (``valid_counts`` only if ``counts`` are needed)."""
-    if out is None:
-        out = torch.empty((rows, cols), dtype=torch.int32, device=device)
-    else:
-        _checks.tensor("out", out, torch.int32, 2, device)
-        _checks.shape("out", out, (rows, cols))
-    if valid_counts is None:
-        if counts:
-            valid_counts = torch.empty((rows,), dtype=torch.int32, device=device)
-    else:
-        _checks.tensor("valid_counts", valid_counts, torch.int32, 1, device)
-        _checks.shape("valid_counts", valid_counts, (rows,))
+    out = _checks.output("out", out, torch.int32, (rows, cols), device)
+    if valid_counts is not None or counts:
+        valid_counts = _checks.output("valid_counts", valid_counts, torch.int32, (rows,), device)
     return out, valid_counts
 
 

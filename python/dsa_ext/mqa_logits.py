@@ -91,10 +91,7 @@ def pack_fp8_kv_cache(kv: Tensor, kv_scale: Tensor, out: Optional[Tensor] = None
     nb, bs, D = kv.shape
     _checks.tensor("kv_scale", kv_scale, torch.float32, 2, kv.device)
     _checks.shape("kv_scale", kv_scale, (nb, bs))
-    if out is None:
-        out = torch.empty((nb, bs, 1, D + SCALE_BYTES), dtype=torch.uint8, device=kv.device)
-    _checks.tensor("out", out, torch.uint8, 4, kv.device)
-    _checks.shape("out", out, (nb, bs, 1, D + SCALE_BYTES))
+    out = _checks.output("out", out, torch.uint8, (nb, bs, 1, D + SCALE_BYTES), kv.device)
     flat = out.view(nb, bs * (D + SCALE_BYTES))
     flat[:, :bs * D].copy_(kv.reshape(nb, bs * D).view(torch.uint8))
     flat[:, bs * D:].copy_(kv_scale.reshape(nb, bs).view(torch.uint8))

@@ -106,10 +106,6 @@ def stable_topk_from_candidates(candidates: Tensor, k: int, out: Optional[Tensor
     _checks.integer("k", k, 1)
     device = candidates.device
     check_selection(device, tuple(candidates.shape), n, k, sorted)
-    if out is None:
-        out = torch.empty((rows, k), dtype=torch.int32, device=device)
-    else:
-        _checks.tensor("out", out, torch.int32, 2, device)
-        _checks.shape("out", out, (rows, k))
+    out = _checks.output("out", out, torch.int32, (rows, k), device)
     _native.call("stable_topk_from_candidates", candidates, out, sorted)
     return out
