@@ -30,6 +30,13 @@ DSA_HD uint32_t ordered_score_bits(uint32_t u) {
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
+//! An order key and an id as one unsigned integer: larger key first, then the LOWER id
+//! (the low word is ~id). A candidate key with the score's key; the per-row top-K's
+//! selection rank with the column.
+DSA_HD uint64_t key_then_lower_id(uint32_t key, uint32_t id) {
+  return (static_cast<uint64_t>(key) << 32) | static_cast<uint64_t>(~id);
+}
+
 /*!
  * \brief Key of one candidate.
  * \param score_bits raw bits of the fp32 score
@@ -37,8 +44,7 @@ DSA_HD uint32_t ordered_score_bits(uint32_t u) {
  */
 DSA_HD uint64_t encode_candidate_key(uint32_t score_bits, int64_t gid) {
   if (gid < 0 || gid > INT32_MAX) return kInvalidCandidateKey;
-  return (static_cast<uint64_t>(ordered_score_bits(score_bits)) << 32) |
-         static_cast<uint64_t>(~static_cast<uint32_t>(gid));
+  return key_then_lower_id(ordered_score_bits(score_bits), static_cast<uint32_t>(gid));
 }
 
 //! Global id of a key; -1 for the invalid key.

@@ -32,15 +32,13 @@ void select_row(const TopkPerRowArgs& a, int64_t i, std::vector<uint64_t>& ranks
   }
 }
 
-int32_t rank_column(uint64_t rank) { return static_cast<int32_t>(~static_cast<uint32_t>(rank)); }
-
 template <typename Bits>
 void topk_rows(const TopkPerRowArgs& a) {
   std::vector<uint64_t> ranks;
   for (int64_t i = 0; i < a.rows; ++i) {
     select_row<Bits>(a, i, ranks);
     const int64_t taken = static_cast<int64_t>(ranks.size());
-    for (int64_t j = 0; j < taken; ++j) a.out(i, j) = rank_column(ranks[j]);
+    for (int64_t j = 0; j < taken; ++j) a.out(i, j) = decode_candidate_gid(ranks[j]);
     for (int64_t j = taken; j < a.k; ++j) a.out(i, j) = -1;
   }
 }
@@ -99,7 +97,7 @@ void topk_to_candidates_cpu(const TopkCandidatesArgs& a) {
     const int64_t start = pack_row_start(a.pack, i);
     const int64_t taken = static_cast<int64_t>(ranks.size());
     for (int64_t j = 0; j < taken; ++j) {
-      a.pack.out(i, j) = pack_candidate(a.pack, i, start, rank_column(ranks[j]));
+      a.pack.out(i, j) = pack_candidate(a.pack, i, start, decode_candidate_gid(ranks[j]));
     }
     for (int64_t j = taken; j < a.topk.k; ++j) a.pack.out(i, j) = kInvalidCandidateKey;
   }

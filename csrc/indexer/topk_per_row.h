@@ -87,9 +87,10 @@ DSA_HD uint32_t score_key(uint16_t bf16_bits) {
   return ordered_score_bits(static_cast<uint32_t>(bf16_bits) << 16);
 }
 
-//! The total order of the selection as one unsigned integer: key, then lower column.
+//! The total order of the selection as one unsigned integer: key, then lower column (the
+//! layout of a candidate key, so decode_candidate_gid gives the column back).
 DSA_HD uint64_t selection_rank(uint32_t key, int64_t column) {
-  return (static_cast<uint64_t>(key) << 32) | static_cast<uint64_t>(~static_cast<uint32_t>(column));
+  return key_then_lower_id(key, static_cast<uint32_t>(column));
 }
 
 /*!
