@@ -11,24 +11,21 @@
 // - split: the row's tiles go to `parts` CTAs (one tile each) that run side by side, so a
 //   few rows still spread their loads and block-table gathers over many SMs (the decode
 //   shapes, where one CTA per row leaves the chip idle and waits on one SM's gathers).
-//   When counts are needed the parts form a thread block cluster: each part publishes its
-//   valid count in shared memory and reads the lower parts' counts through distributed
-//   shared memory, which gives its compaction offset and the row total.
+//   When counts are needed the parts form a thread block cluster: each part pushes its
+//   valid count into the others' shared memory, which gives each its compaction offset
+//   and the row total.
 // - per row: one CTA loops over the row's tiles (grid-stride over rows), carrying the
 //   running count from tile to tile: rows longer than one cluster's tiles, and many
 //   counted rows of several tiles, where a cluster exchange costs more than it spreads.
-#include <cooperative_groups.h>
-
 #include <atomic>
 #include <stdexcept>
 #include <string>
 
+#include "../common/cluster_push.h"
 #include "convert_index.h"
 
 namespace dsa {
 namespace {
-
-namespace cg = cooperative_groups;
 
 //! Thread counts and items per thread the kernels are built for (see convert_plan).
 constexpr int kSplitThreads = 256;
@@ -67,12 +64,24 @@ __device__ __forceinline__ void load_tile(const ConvertIndexArgs& a, int64_t t, 
   }
 }
 
-//! Token ids -> slots (the element rule of convert_index.h).
+/*!
+ * \brief Token ids -> slots (the element rule of convert_index.h), in its two steps: every
+ *        block-table load of the tile is in flight before the first is used, so a thread's
+ *        kItems gathers cost one round trip, not kItems. kDenseTable: the table's column
+ *        stride is known to be 1 (saves the multiply).
+ */
 template <int kThreads, int kItems, bool kDenseTable>
 __device__ __forceinline__ void convert_loaded(const ConvertIndexArgs& a, const ConvertRow& row,
                                                Tile<kThreads, kItems>& tile) {
+  const int64_t table_stride = kDenseTable ? 1 : a.block_table.col_stride;
+  PagedSlot src[kItems];
+  int32_t entry[kItems];
 #pragma unroll
-  for (int j = 0; j < kItems; ++j) tile.slot[j] = convert_token<kDenseTable>(a, row, tile.slot[j]);
+  for (int j = 0; j < kItems; ++j) src[j] = token_slot(a, row, tile.slot[j]);
+#pragma unroll
+  for (int j = 0; j < kItems; ++j) entry[j] = paged_slot_entry(src[j], row.table_row, table_stride);
+#pragma unroll
+  for (int j = 0; j < kItems; ++j) tile.slot[j] = paged_slot_value(src[j], entry[j], a.block_stride);
 }
 
 /*!
@@ -141,13 +150,12 @@ __device__ __forceinline__ void store_in_place(const Tile<kThreads, kItems>& til
 /*!
  * \brief Split rows: CTA `part` of row t converts columns [part * tile, (part + 1) * tile).
  *
- * kCluster (counts needed): the `parts` CTAs of a row are one cluster. A part's valid count
- * is run_offset[kRuns] of its own shared memory; after a cluster barrier every warp reads
- * the counts of all parts (one lane each), which gives this part's compaction offset and
- * the row total. The second barrier (arrive after the reads, wait before exit) keeps each
- * part's shared memory alive until the others have read it. With compaction, the stores
- * of a part land below its own columns' end, so an output that aliases the input is only
- * written after every part of the row has read its tile (the first barrier).
+ * kCluster (counts needed): the `parts` CTAs of a row are one cluster. Each part pushes its
+ * valid count (run_offset[kRuns]) into every other part's shared memory (cluster_push.h)
+ * and waits for theirs, which gives its compaction offset and the row total. With
+ * compaction, the stores of a part land below its own columns' end, so an output that
+ * aliases the input is written only after every part of the row has read its tile: a part
+ * sends its count only once its tile's loads have returned.
  */
 template <int kItems, bool kCompact, bool kDense, bool kCluster>
 __global__ void __launch_bounds__(kSplitThreads)
@@ -156,7 +164,13 @@ __global__ void __launch_bounds__(kSplitThreads)
   constexpr int kRuns = Tile<kThreads, kItems>::kRuns;
   constexpr int64_t kTile = static_cast<int64_t>(kThreads) * kItems;
   __shared__ int run_offset[kRuns + 1];
+  __shared__ uint32_t part_count[kMaxParts];  // the other parts' counts, pushed
+  __shared__ uint64_t counts_landed;
   await_previous_kernel();
+  if (kCluster && parts > 1) {
+    if (threadIdx.x == 0) push_barrier_init(&counts_landed, 4u * (parts - 1));
+    push_arrive();
+  }
 
   const int64_t t = blockIdx.x / parts;
   const int part = static_cast<int>(blockIdx.x - t * parts);
@@ -173,12 +187,14 @@ __global__ void __launch_bounds__(kSplitThreads)
   } else {
     count_tile<kThreads, kItems>(tile, run_offset);
     int count = run_offset[kRuns], below = 0;
-    cg::cluster_group cluster = cg::this_cluster();
     if (parts > 1) {
-      cluster.sync();  // every part's count is published (and every part's tile read)
+      push_ready();
+      if (static_cast<int>(threadIdx.x) < parts && static_cast<int>(threadIdx.x) != part) {
+        push_u32(&part_count[part], static_cast<uint32_t>(count), &counts_landed, threadIdx.x);
+      }
+      push_wait(&counts_landed);
       const int lane = threadIdx.x % 32;
-      count = lane < parts ? *cluster.map_shared_rank(&run_offset[kRuns], lane) : 0;
-      cluster.barrier_arrive();  // done with the other parts' shared memory
+      count = lane < parts ? (lane == part ? count : static_cast<int>(part_count[lane])) : 0;
       below = lane < part ? count : 0;
 #pragma unroll
       for (int d = 16; d >= 1; d /= 2) {
@@ -200,7 +216,6 @@ __global__ void __launch_bounds__(kSplitThreads)
     if (part == 0 && threadIdx.x == 0 && a.valid_counts.present()) {
       a.valid_counts[t] = static_cast<int32_t>(total);
     }
-    if (parts > 1) cluster.barrier_wait();
   }
 }
 
@@ -295,6 +310,9 @@ ConvertPlan convert_plan(int64_t rows, int64_t cols, int64_t sms, bool counts) {
   // Columns per thread, from the H200 sweep against vLLM (RESULTS.md): the fewer the rows,
   // the shorter the tiles and the more CTAs a row is spread over.
   int items = rows * (counts ? 64 : 8) <= sms ? 1 : rows * 2 <= sms ? 2 : rows <= 2 * sms ? 4 : 8;
+  // Without counts, 8 columns per thread lose to 4 on many rows (H200, K = 2048, T = 1024 /
+  // 16384: 8.2 / 117 us against 8.0 / 112).
+  if (!counts && items > 4) items = 4;
   if (forced >= 0) items = forced;
   // Counted rows pay a cluster exchange per part: past a few rows, at most 4 parts.
   const int64_t max_parts = counts && rows * 64 > sms ? kMaxParts / 2 : kMaxParts;

@@ -9,6 +9,7 @@
 
 #include "../common/dcp_math.h"
 #include "../common/launch.h"
+#include "../common/paged_slot.h"
 #include "../common/strided.h"
 
 namespace dsa {
@@ -64,30 +65,34 @@ DSA_HD ConvertRow convert_row(const ConvertIndexArgs& a, int64_t t) {
 }
 
 /*!
- * \brief Slot of token position `tok` for one row, or -1.
+ * \brief Where the slot of token position `tok` of one row comes from (paged_slot.h: the
+ *        entry of column `block` times block_stride plus `offset`, or `offset`).
  *
- * Invalid: tok < 0; another rank owns tok (decode rows); block index past the table;
- * a block-table entry or workspace base that makes the slot negative or >= 2^31.
- * kDenseTable: the block table's column stride is known to be 1 (saves the multiply).
+ * Invalid (no slot): tok < 0; another rank owns tok (decode rows); block index past the
+ * table; and, in paged_slot_value, a block-table entry or workspace base that makes the
+ * slot negative or >= 2^31.
  */
-template <bool kDenseTable = false>
-DSA_HD int32_t convert_token(const ConvertIndexArgs& a, const ConvertRow& row, int32_t tok) {
-  if (tok < 0) return -1;
+DSA_HD PagedSlot token_slot(const ConvertIndexArgs& a, const ConvertRow& row, int32_t tok) {
+  PagedSlot src;
+  if (tok < 0) return src;
   DcpPosition pos{0, tok};
   if (a.dcp.world != 1) pos = a.dcp.locate(tok);
-  int64_t slot;
   if (row.workspace_base >= 0) {
-    slot = pos.owner * a.workspace_rank_stride + row.workspace_base + pos.local;
-  } else {
-    if (row.table_row == nullptr || pos.owner != a.rank) return -1;
-    const int32_t q = pos.local;
-    const uint32_t blk = a.by_block_size.div(static_cast<uint32_t>(q));
-    if (blk >= static_cast<uint64_t>(a.block_table.cols)) return -1;
-    const int32_t base = row.table_row[kDenseTable ? blk : blk * a.block_table.col_stride];
-    const int32_t offset = q - static_cast<int32_t>(blk * a.by_block_size.d);
-    slot = static_cast<int64_t>(base) * a.block_stride + offset;
+    return direct_slot(pos.owner * a.workspace_rank_stride + row.workspace_base + pos.local);
   }
-  return (slot >= 0 && slot <= INT32_MAX) ? static_cast<int32_t>(slot) : -1;
+  if (row.table_row == nullptr || pos.owner != a.rank) return src;
+  const uint32_t blk = a.by_block_size.div(static_cast<uint32_t>(pos.local));
+  if (blk >= static_cast<uint64_t>(a.block_table.cols)) return src;
+  src.block = static_cast<int32_t>(blk);
+  src.offset = pos.local - static_cast<int32_t>(blk * a.by_block_size.d);
+  return src;
+}
+
+//! Slot of token position `tok` for one row, or -1 (both steps, one after the other).
+DSA_HD int32_t convert_token(const ConvertIndexArgs& a, const ConvertRow& row, int32_t tok) {
+  const PagedSlot src = token_slot(a, row, tok);
+  return paged_slot_value(src, paged_slot_entry(src, row.table_row, a.block_table.col_stride),
+                          a.block_stride);
 }
 
 /*!

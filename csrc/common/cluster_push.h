@@ -1,0 +1,69 @@
+// Small messages between the CTAs of a thread block cluster, pushed into the receiver's
+// shared memory by st.async and counted by a transaction barrier (mbarrier) there.
+//
+// Why not cluster.sync() and distributed shared memory reads: the barrier's release and
+// acquire compile to a GPU-wide memory fence (MEMBAR.ALL.GPU) and an L1 invalidation,
+// and the reads are a round trip each. A push is one one-way write; the receiver waits on
+// its own barrier for the bytes it expects. The only barrier across the cluster is the one
+// that publishes the mbarriers' initialization, arrived at when the kernel starts and
+// waited on just before the first push, when every CTA of the cluster has long arrived.
+//
+// Every receiver waits for all the bytes it expects before it exits, so no push lands in
+// the shared memory of a CTA that has finished.
+#pragma once
+
+#include <cstdint>
+
+#ifdef __CUDACC__
+
+namespace dsa {
+
+//! The barrier of the pushes into this CTA: single use (phase 0), one local arrival that
+//! expects `bytes` bytes. One thread calls it, then every thread calls push_arrive().
+__device__ __forceinline__ void push_barrier_init(uint64_t* barrier, uint32_t bytes) {
+  const uint32_t bar = static_cast<uint32_t>(__cvta_generic_to_shared(barrier));
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+
+//! Every thread of every CTA of the cluster, after push_barrier_init, at the start.
+__device__ __forceinline__ void push_arrive() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+}
+
+//! Every thread, before its first push: every CTA's barrier is initialized.
+__device__ __forceinline__ void push_ready() {
+  asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
+}
+
+//! Writes `value` to `slot` (this CTA's address of it) in the shared memory of cluster CTA
+//! `rank`, counted by that CTA's `barrier`.
+__device__ __forceinline__ void push_u32(uint32_t* slot, uint32_t value, uint64_t* barrier,
+                                         uint32_t rank) {
+  const uint32_t local_slot = static_cast<uint32_t>(__cvta_generic_to_shared(slot));
+  const uint32_t local_bar = static_cast<uint32_t>(__cvta_generic_to_shared(barrier));
+  uint32_t remote_slot, remote_bar;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote_slot) : "r"(local_slot), "r"(rank));
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote_bar) : "r"(local_bar), "r"(rank));
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];"
+               ::"r"(remote_slot), "r"(value), "r"(remote_bar) : "memory");
+}
+
+//! Waits until every byte this CTA's barrier expects has landed (and is visible).
+__device__ __forceinline__ void push_wait(uint64_t* barrier) {
+  const uint32_t bar = static_cast<uint32_t>(__cvta_generic_to_shared(barrier));
+  uint32_t done = 0;
+  while (!done) {
+    asm volatile(
+        "{\n .reg .pred p;\n"
+        " mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], 0;\n"
+        " selp.u32 %0, 1, 0, p;\n}"
+        : "=r"(done) : "r"(bar) : "memory");
+  }
+}
+
+}  // namespace dsa
+
+#endif

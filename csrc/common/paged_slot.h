@@ -1,0 +1,45 @@
+// A slot of a paged KV cache, computed in two steps so that a kernel can issue the
+// block-table loads of all its elements before it uses any of them (one memory round trip
+// per thread instead of one per element). Shared by the CPU loops and the CUDA kernels.
+#pragma once
+
+#include <cstdint>
+
+#include "numeric.h"  // DSA_HD, load_read_only
+
+namespace dsa {
+
+/*!
+ * \brief Where one slot comes from: entry * stride + offset when `block` >= 0 (entry = the
+ *        block table's column `block` of the element's row), else `offset` is the slot
+ *        itself, already checked (-1: no slot). Two 32-bit words, so that a thread keeps
+ *        eight of them in registers.
+ */
+struct PagedSlot {
+  int32_t offset = -1;
+  int32_t block = -1;
+};
+
+//! A slot that needs no block-table entry: `slot`, or -1 when it is negative or >= 2^31.
+DSA_HD PagedSlot direct_slot(int64_t slot) {
+  PagedSlot src;
+  src.offset = (slot >= 0 && slot <= INT32_MAX) ? static_cast<int32_t>(slot) : -1;
+  return src;
+}
+
+//! The entry `src` needs from a block-table row with column stride `col_stride` (0 when
+//! src.block < 0: no load).
+DSA_HD int32_t paged_slot_entry(const PagedSlot& src, const int32_t* table_row,
+                                int64_t col_stride) {
+  return src.block >= 0 ? load_read_only(table_row + src.block * col_stride) : 0;
+}
+
+//! The slot from the loaded entry, or -1 when entry * stride + offset is negative or
+//! >= 2^31.
+DSA_HD int32_t paged_slot_value(const PagedSlot& src, int32_t entry, int64_t stride) {
+  if (src.block < 0) return src.offset;
+  const int64_t slot = static_cast<int64_t>(entry) * stride + src.offset;
+  return (slot >= 0 && slot <= INT32_MAX) ? static_cast<int32_t>(slot) : -1;
+}
+
+}  // namespace dsa
