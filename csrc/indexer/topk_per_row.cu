@@ -22,11 +22,14 @@
 // - sorted: once the cluster has written the ids, CTA 0 rebuilds their 64-bit selection
 //   ranks, sorts them (bitonic, shared memory) and rewrites the row.
 //
-// Measured on the H200 (RESULTS.md, k = 2048, fp32 randn): 14.2 us for one 32K row, 220 us
-// for 256 rows of 128K, slower than the issue's vLLM numbers. Every ordered cluster barrier
-// compiles to MEMBAR.ALL.GPU + CCTL.IVALL (about 11 us of fixed cost with the exchanges
-// around them), and the keys are walked five times (load, two refining passes, count,
-// write): mbarrier-completed DSMEM pushes and a compacted threshold bin are the next steps.
+// Measured on the H200 (RESULTS.md, k = 2048, fp32 randn): 14.2 us for one 32K row, 205 us
+// for 256 rows of 128K, slower than vLLM's compiled kernels. A cluster barrier round is not
+// what costs: cluster.sync() and a DSMEM read take 0.30 us a round on a cluster of 8
+// (st.async pushes onto an mbarrier: 0.20 us), about 2 us of the 15 us of one 32K row
+// (ncu: the SMs issue in 27% of their cycles, waiting on the chain of passes). The keys are
+// walked five times (load, two refining passes, count, write) and the first digit's bins
+// are contended: compacting the threshold bin after the first pass (the later passes over a
+// few candidates, in one CTA) is the next step.
 #include <cooperative_groups.h>
 
 #include <atomic>
