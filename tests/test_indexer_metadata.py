@@ -375,7 +375,9 @@ def test_builder_compression_and_interleave(device):
             dcp_world_size=4, dcp_rank=3, interleave=16)
         assert_equal(md.seq_lens_per_token, want_g, uniform=uniform)
         assert_equal(md.context_lens.reshape(-1), want_l, uniform=uniform)
-    assert md.max_context_len == 1024
+    # Rank 3's share of 4096 // 4 = 1024 positions in groups of 16 over 4 ranks.
+    assert md.max_context_len == 256
+    assert md.max_context_len == reference.local_seq_lens(torch.tensor([1024]), 3, 4, 16).item()
 
 
 def test_native_and_flattened_logits_are_identical():

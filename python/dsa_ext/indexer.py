@@ -211,7 +211,7 @@ class DecodeMetadata:
     row_map: Tensor               # int32 [Td]: block-table row of each token (-1: none)
     block_table: Tensor           # native: table[:B]; flatten: table, or materialized rows
     block_table_is_per_token: bool
-    max_context_len: int          # host int: logits columns (from max_model_len)
+    max_context_len: int          # host int: logits columns (this rank's share of max_model_len)
     schedule_metadata: Optional[Tensor] = field(default=None)
 
 
@@ -224,7 +224,8 @@ class IndexerMetadataBuilder:
         next_n: 1 + number of speculative tokens (``reorder_batch_threshold = next_n``).
         block_size: KV block size (tokens per block).
         max_num_reqs: most decode requests per batch.
-        max_model_len: longest sequence; sets ``max_context_len``.
+        max_model_len: longest sequence; ``max_context_len`` (the logits columns) is this
+            rank's share of ``max_model_len // compress_ratio``.
         dcp_world_size, dcp_rank, interleave: DCP layout (``block_size % interleave == 0``).
         compress_ratio: lengths //= ratio (1 = none).
         fp4_indexer_cache, kernel_declares_next_n_4: decode-path table inputs.
@@ -271,7 +272,10 @@ class IndexerMetadataBuilder:
         self.reorder_batch_threshold = next_n
         self.path = decode_path(self.capability, next_n, fp4_indexer_cache,
                                 kernel_declares_next_n_4)
-        self.max_context_len = max_model_len // compress_ratio
+        # Logits columns: this rank's share of the longest (compressed) context, which bounds
+        # every local context length the builder gives this rank.
+        self.max_context_len = _local_length(max_model_len // compress_ratio, dcp_rank,
+                                             dcp_world_size, interleave)
         cap = max_num_reqs * next_n
         i32 = dict(dtype=torch.int32, device=self.device)
         self._global = torch.zeros(cap, **i32)
