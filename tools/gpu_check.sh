@@ -48,8 +48,8 @@ cd /tmp
 step selfcheck selfcheck.log $PY -m dsa_ext
 PYTEST=($PY -m pytest -q -ra -p no:cacheprovider --rootdir "$REPO" -c "$REPO/pyproject.toml")
 # --durations: on the H200 the suite has outrun 230 s at -n 12 (RESULTS.md); the slowest
-# tests are listed at the end of pytest.log.
-step pytest pytest.log timeout 300 "${PYTEST[@]}" $XDIST --durations=30 "$REPO/tests"
+# tests are listed at the end of pytest.log (SIGINT at the limit: pytest still reports).
+step pytest pytest.log timeout -s INT 300 "${PYTEST[@]}" $XDIST --durations=30 "$REPO/tests"
 step sanitizer sanitizer.log env DSA_EXT_HYPOTHESIS_PROFILE=sanitizer timeout 240 \
   compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 99 --target-processes all \
   "${PYTEST[@]}" -m cuda "$REPO/tests"
