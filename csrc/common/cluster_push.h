@@ -1,10 +1,12 @@
 // Small messages between the CTAs of a thread block cluster, pushed into the receiver's
 // shared memory by st.async and counted by a transaction barrier (mbarrier) there.
 //
-// Why not cluster.sync() and distributed shared memory reads: the barrier's release and
-// acquire compile to a GPU-wide memory fence (MEMBAR.ALL.GPU) and an L1 invalidation,
-// and the reads are a round trip each. A push is one one-way write; the receiver waits on
-// its own barrier for the bytes it expects. The only barrier across the cluster is the one
+// Why not cluster.sync() and distributed shared memory reads: the barrier's release
+// compiles to a GPU-wide memory fence (MEMBAR.ALL.GPU), and the reads are a round trip
+// each. A push is one one-way write; the receiver waits on its own barrier for the bytes
+// it expects (that wait's cluster-scope acquire still invalidates L1 once, CCTL.IVALL).
+// Measured on the H200, a cluster of 8: 0.20 us a round against 0.30
+// (tools/cluster_exchange_cost.cu). The only barrier across the cluster is the one
 // that publishes the mbarriers' initialization, arrived at when the kernel starts and
 // waited on just before the first push, when every CTA of the cluster has long arrived.
 //
