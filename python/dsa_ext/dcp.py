@@ -325,10 +325,18 @@ def merge_topk_global_from_logits(
     packed = torch.empty((rows, k), dtype=torch.int64, device=device)
     _native.call("topk_to_candidates", logits, k, lengths, seq_lens, next_n, row_starts,
                  row_ends, rank, world_size, interleave, packed)
-    gathered = torch.empty((world_size, rows, k), dtype=torch.int64, device=device)
-    all_gather_into(gathered.view(world_size * rows, k), packed, group, all_gather)
-    _native.call("stable_topk_from_candidates", gathered, out, sorted)
+    _gather_and_select(packed, out, world_size, group, all_gather, sorted)
     return out
+
+
+def _gather_and_select(packed: Tensor, out: Tensor, world_size: int, group, all_gather,
+                       sorted: bool) -> None:
+    """All-gathers every rank's packed candidates ``[rows, K]`` (rank-major) and writes the
+    stable top-``out.shape[1]`` of each row into ``out``."""
+    rows, K = packed.shape
+    gathered = torch.empty((world_size, rows, K), dtype=torch.int64, device=packed.device)
+    all_gather_into(gathered.view(world_size * rows, K), packed, group, all_gather)
+    _native.call("stable_topk_from_candidates", gathered, out, sorted)
 
 
 def _merge_topk(logits, topk_indices, k, rank, world_size, interleave, group, all_gather,
@@ -338,10 +346,7 @@ def _merge_topk(logits, topk_indices, k, rank, world_size, interleave, group, al
     packed = torch.empty((rows, K), dtype=torch.int64, device=topk_indices.device)
     _native.call("pack_dcp_topk_candidates", logits, topk_indices, rank, world_size,
                  interleave, row_starts, packed)
-    gathered = torch.empty((world_size, rows, K), dtype=torch.int64,
-                           device=topk_indices.device)
-    all_gather_into(gathered.view(world_size * rows, K), packed, group, all_gather)
-    _native.call("stable_topk_from_candidates", gathered, topk_indices[:, :k], sorted)
+    _gather_and_select(packed, topk_indices[:, :k], world_size, group, all_gather, sorted)
     if k < K:
         topk_indices[:, k:].fill_(-1)
     return topk_indices
