@@ -25,14 +25,29 @@ def cuda_sms() -> int:
 
 
 @contextlib.contextmanager
-def forced_topk_variant(name: str):
-    """Every stable top-K launch inside runs the exported variant `name` (CUDA)."""
+def _overridden(setter: str, value, automatic):
+    """Every launch inside runs with ``_C.<setter>(value)``; the automatic choice after."""
     from dsa_ext import _C  # noqa: PLC0415
-    _C.set_stable_topk_variant_override(name)
+    getattr(_C, setter)(value)
     try:
         yield
     finally:
-        _C.set_stable_topk_variant_override("")
+        getattr(_C, setter)(automatic)
+
+
+def forced_topk_variant(name: str):
+    """Every stable top-K launch inside runs the exported variant `name` (CUDA)."""
+    return _overridden("set_stable_topk_variant_override", name, "")
+
+
+def forced_topk_plan(code: int):
+    """Every per-row top-K launch inside runs plan `code` (``_C.set_topk_plan_override``)."""
+    return _overridden("set_topk_plan_override", code, -1)
+
+
+def forced_convert_plan(code: int):
+    """Every conversion launch inside runs plan `code` (``_C.set_convert_plan_override``)."""
+    return _overridden("set_convert_plan_override", code, -1)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 import dsa_ext
 from dsa_ext import reference
-from conftest import assert_equal, capture_graph, requires_cuda
+from conftest import assert_equal, capture_graph, forced_convert_plan, requires_cuda
 
 I32 = torch.int32
 
@@ -339,20 +339,16 @@ def test_plans_by_shape():
 def test_every_plan_matches_reference(plan, case, counts, in_place):
     """Forced plans on random shapes, with and without counts; compaction in place too
     (the output aliasing the token ids, which every part must read before any writes)."""
-    from dsa_ext import _C
     req, block_table, tok, block_size, kw = case
     want, want_counts = reference.convert_req_index_to_global_index(
         req, block_table, tok, block_size, **kw)
     kw_dev = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
     tok_dev = tok.cuda()
     out = tok_dev if in_place and kw["compact"] else None
-    _C.set_convert_plan_override(plan)
-    try:
+    with forced_convert_plan(plan):
         got = dsa_ext.convert_req_index_to_global_index(
             req.cuda(), block_table.cuda(), tok_dev, block_size, return_valid_counts=counts,
             out=out, **kw_dev)
-    finally:
-        _C.set_convert_plan_override(-1)
     if counts:
         got, got_counts = got
         assert_equal(got_counts, want_counts)

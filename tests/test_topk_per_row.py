@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 import dsa_ext
 from dsa_ext import reference
-from conftest import assert_equal, capture_graph, requires_cuda
+from conftest import assert_equal, capture_graph, forced_topk_plan, requires_cuda
 
 I32 = torch.int32
 BOUNDS = ("lengths", "seq_lens", "next_n", "row_starts", "row_ends")
@@ -340,30 +340,22 @@ PLANS = [1, 2, 3, 5, 6, 8, 16, 101, 104, 108]
 @pytest.mark.parametrize("plan", PLANS)
 @given(case=topk_cases(max_cols=20000))
 def test_every_plan_matches_reference(plan, case):
-    from dsa_ext import _C
     x, k, kw = case
-    _C.set_topk_plan_override(plan)
-    try:
+    with forced_topk_plan(plan):
         run_both(torch.device("cuda"), x, k, **kw)
-    finally:
-        _C.set_topk_plan_override(-1)
 
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("L, plan", [(1 << 20, -1), ((1 << 20) + 3, -1), (300000, 8),
                                      (400000, 16)])
 def test_long_rows_on_cuda_equal_the_cpu(L, plan):
-    from dsa_ext import _C
     g = torch.Generator().manual_seed(L)
     x = torch.randn(2, L, generator=g)
     x[1] = torch.randint(0, 16, (L,), generator=g).float()
-    _C.set_topk_plan_override(plan)
-    try:
+    with forced_topk_plan(plan):
         for k, sorted_ in ((2048, False), (4096, True), (70000, False)):
             got = dsa_ext.topk_per_row(x.cuda(), k, sorted=sorted_)
             assert_equal(got, dsa_ext.topk_per_row(x, k, sorted=sorted_), L=L, k=k)
-    finally:
-        _C.set_topk_plan_override(-1)
 
 
 # ---------------------------------------------------------------------------------------
@@ -419,16 +411,12 @@ def test_slots_random_cases_cpu(case):
 @pytest.mark.parametrize("plan", [-1, 1, 3, 8, 104])
 @given(case=slots_cases(max_cols=20000), counts=st.booleans())
 def test_slots_every_plan_matches_reference(plan, case, counts):
-    from dsa_ext import _C
     x, k, req, table, block_size, kw = case
     want, want_counts = reference.topk_to_slots(x, k, req, table, block_size, **kw)
     dev = {n: v.cuda() if isinstance(v, torch.Tensor) else v for n, v in kw.items()}
-    _C.set_topk_plan_override(plan)
-    try:
+    with forced_topk_plan(plan):
         got = dsa_ext.topk_to_slots(x.cuda(), k, req.cuda(), table.cuda(), block_size,
                                     return_valid_counts=counts, **dev)
-    finally:
-        _C.set_topk_plan_override(-1)
     if counts:
         got, got_counts = got
         assert_equal(got_counts, want_counts)
@@ -518,12 +506,8 @@ def test_candidates_random_cases_cpu(case):
 @pytest.mark.parametrize("plan", [-1, 2, 16, 108])
 @given(case=candidates_cases(max_cols=20000))
 def test_candidates_every_plan_matches_reference(plan, case):
-    from dsa_ext import _C
-    _C.set_topk_plan_override(plan)
-    try:
+    with forced_topk_plan(plan):
         candidates_both(torch.device("cuda"), *case[:5], **case[5])
-    finally:
-        _C.set_topk_plan_override(-1)
 
 
 def test_candidates_then_merge_equals_the_unsharded_topk():
