@@ -308,11 +308,13 @@ ConvertPlan convert_plan(int64_t rows, int64_t cols, int64_t sms, bool counts) {
   ConvertPlan plan;
   const int forced = g_plan_override.load(std::memory_order_relaxed);
   // Columns per thread, from the H200 sweep against vLLM (RESULTS.md): the fewer the rows,
-  // the shorter the tiles and the more CTAs a row is spread over.
-  int items = rows * (counts ? 64 : 8) <= sms ? 1 : rows * 2 <= sms ? 2 : rows <= 2 * sms ? 4 : 8;
-  // Without counts, 8 columns per thread lose to 4 on many rows (H200, K = 2048, T = 1024 /
-  // 16384: 8.2 / 117 us against 8.0 / 112); rows past 8 parts of 4 still take 8 below.
-  if (!counts && items > 4) items = 4;
+  // the shorter the tiles and the more CTAs a row is spread over. Only counted rows go to
+  // 8: without counts 4 win on many rows too (K = 2048, T = 1024 / 16384: 8.0 / 112 us
+  // against 8.2 / 117), and rows past 8 parts of 4 still take 8 below.
+  int items = rows * (counts ? 64 : 8) <= sms ? 1
+              : rows * 2 <= sms              ? 2
+              : rows <= 2 * sms || !counts   ? 4
+                                             : 8;
   if (forced >= 0) items = forced;
   // Counted rows pay a cluster exchange per part: past a few rows, at most 4 parts.
   const int64_t max_parts = counts && rows * 64 > sms ? kMaxParts / 2 : kMaxParts;
