@@ -56,6 +56,10 @@ constexpr int64_t kSliceOneCta = 53248;
 constexpr int kMaxDynamicSmem = static_cast<int>(kSliceOneCta * 4);
 //! Fewest columns per CTA the plan spreads a row to (shorter slices only add exchanges).
 constexpr int64_t kMinSlice = 1024;
+//! topk_to_slots: a CTA's selected ids are staged in its histograms' shared memory (and
+//! converted kStagedPerThread per thread) when there are at most this many of them.
+constexpr int kStagedPerThread = 8;
+constexpr int64_t kStagedSlots = int64_t{kThreads} * kStagedPerThread;
 
 //! Digit passes: shift of the digit and its width.
 __device__ __forceinline__ int pass_shift(int pass) { return pass == 0 ? 21 : pass == 1 ? 10 : 0; }
@@ -65,12 +69,15 @@ __device__ __forceinline__ int pass_bins(int pass) { return pass == 2 ? 1024 : 2
 __device__ __forceinline__ uint32_t high_bits(uint32_t x, int s) { return s >= 32 ? 0u : x >> s; }
 
 struct SharedState {
-  alignas(16) uint32_t hist[2][kBins];  // read as 16-byte vectors
+  alignas(16) uint32_t hist[2][kBins];  // read as 16-byte vectors; then topk_to_slots' stage
   uint32_t warp_a[kWarps], warp_b[kWarps];
   uint32_t digit, above, in_bin;
   uint32_t cta[2][2];  // this CTA's totals per exchange, read by the others
   uint32_t sums[4];    // the exchange's result, for every thread
 };
+
+static_assert(kStagedSlots * sizeof(int32_t) <= sizeof(SharedState::hist),
+              "topk_to_slots stages a CTA's ids in the histograms");
 
 /*!
  * \brief Exclusive block-wide prefix sums of (a, b) in thread order, and their totals.
@@ -379,8 +386,64 @@ __global__ void __launch_bounds__(kThreads, 2)
     int32_t* out = sink.out.row(row);
     const int64_t stride = sink.out.col_stride;
     const ConvertRow convert = convert_row(sink, row);
+    // This CTA's selected ids hold the output positions [first, first + count): positions
+    // follow the column order and the CTA's columns are one contiguous slice.
+    const uint32_t eq_taken_before = selected.y_before < remaining ? selected.y_before : remaining;
+    const uint32_t eq_left = remaining - eq_taken_before;
+    const int64_t first = static_cast<int64_t>(selected.x_before) + eq_taken_before;
+    const int64_t count = static_cast<int64_t>(gt_total) + (eq_total < eq_left ? eq_total : eq_left);
     int64_t end = taken;  // past the last written position
-    if (!counted) {
+    if (count <= kStagedSlots) {
+      // Staged: the ids go to shared memory (the histograms are free: every CTA of the
+      // cluster has read them before the exchange above), then each thread converts a
+      // contiguous run of them with all its block-table gathers in flight at once.
+      int32_t* stage = reinterpret_cast<int32_t*>(&s.hist[0][0]);
+      for_each_selected([&](int64_t pos, int32_t id) { stage[pos - first] = id; });
+      __syncthreads();
+      const int per = static_cast<int>((count + kThreads - 1) / kThreads);
+      const int64_t i0 = static_cast<int64_t>(threadIdx.x) * per;
+      const int mine = static_cast<int>(count - i0 < per ? (count > i0 ? count - i0 : 0) : per);
+      PagedSlot src[kStagedPerThread];
+      int32_t slot[kStagedPerThread];
+      uint32_t valid = 0;
+#pragma unroll
+      for (int i = 0; i < kStagedPerThread; ++i) {
+        src[i] = i < mine ? token_slot(sink, convert, stage[i0 + i]) : PagedSlot{};
+      }
+#pragma unroll
+      for (int i = 0; i < kStagedPerThread; ++i) {
+        slot[i] = paged_slot_entry(src[i], convert.table_row, sink.block_table.col_stride);
+      }
+#pragma unroll
+      for (int i = 0; i < kStagedPerThread; ++i) {
+        slot[i] = paged_slot_value(src[i], slot[i], sink.block_stride);  // -1 past `mine`
+        valid += slot[i] >= 0;
+      }
+      if (!counted) {
+#pragma unroll
+        for (int i = 0; i < kStagedPerThread; ++i) {
+          if (i < mine) out[(first + i0 + i) * stride] = slot[i];
+        }
+      } else {
+        uint32_t valid_before, unused_b, valid_total, unused_t;
+        block_scan2(s, valid, 0, valid_before, unused_b, valid_total, unused_t);
+        const ClusterSums sums = cluster_exchange(s, 1, cluster, rank, valid_total, 0, true);
+        int64_t next = static_cast<int64_t>(sums.x_before) + valid_before;
+#pragma unroll
+        for (int i = 0; i < kStagedPerThread; ++i) {
+          if (i >= mine) continue;
+          if (!sink.compact) {
+            out[(first + i0 + i) * stride] = slot[i];
+          } else if (slot[i] >= 0) {
+            out[(next++) * stride] = slot[i];
+          }
+        }
+        if (sink.compact) end = sums.x_all;
+        if (rank == 0 && threadIdx.x == 0 && sink.valid_counts.present()) {
+          sink.valid_counts[row] = static_cast<int32_t>(sums.x_all);
+        }
+      }
+    } else if (!counted) {
       for_each_selected([&](int64_t pos, int32_t id) {
         out[pos * stride] = convert_token(sink, convert, id);
       });
