@@ -326,11 +326,12 @@ def test_plans_by_shape():
     plan = lambda rows, L: tuple(_C.topk_per_row_plan(rows, L, 0))  # noqa: E731
     assert plan(1, 32768) == (8, 4096, 1)
     assert plan(64, 32768) == (2, 16384, 1)
-    assert plan(256, 32768) == (1, 32768, 1)
-    assert plan(64, 131072) == (3, 43691, 1)
-    assert plan(256, 131072) == (3, 43691, 1)
-    assert plan(1, 1 << 20) == (8, 131072, 0)  # past the cluster's shared memory: streamed
-    assert plan(100000, 100) == (1, 100, 1)
+    assert plan(256, 32768) == (1, 32768, 0)  # past one wave: streamed
+    assert plan(16, 131072) == (8, 16384, 1)
+    assert plan(64, 131072) == (2, 65536, 0)  # past one CTA's shared memory: streamed
+    assert plan(256, 131072) == (2, 65536, 0)
+    assert plan(1, 1 << 20) == (8, 131072, 0)
+    assert plan(100000, 100) == (1, 100, 0)
 
 
 PLANS = [1, 2, 3, 5, 6, 8, 16, 101, 104, 108]

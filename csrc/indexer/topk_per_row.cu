@@ -6,30 +6,30 @@
 //
 // - Resident plan: while loading its slice (16-byte loads, eight per thread in flight) a
 //   CTA stores the keys in shared memory and builds the first digit's histogram, so the
-//   row is read from global memory once; the later passes run over shared memory. The
+//   row is read from global memory once; the later walks run over shared memory. The
 //   streamed plan (rows longer than the cluster's shared memory) re-reads the slice from
-//   global memory in every pass instead.
+//   global memory in every walk instead.
 // - After each pass the CTAs of the cluster read each other's histograms through
 //   distributed shared memory (one cluster barrier per pass: the histograms are double
 //   buffered) and every CTA finds the same digit holding the k-th key. A pass whose
 //   digit bin is taken whole ends the selection early.
-// - The selection is then: keys whose decided high bits are above the threshold, and the
-//   first `remaining` (in column order) of those equal to it. Each thread counts both kinds in a
-//   contiguous chunk of its CTA's slice (an odd chunk length, so the warp's shared memory
-//   reads hit distinct banks); a block scan and the cluster's per-CTA totals (distributed
-//   shared memory) give every selected column its output position, the number of
-//   selected columns before it. Ids are written in ascending column order, no sort.
+// - Candidates: after the first pass one walk over the slice marks the keys whose first
+//   digit is above the threshold digit in a bitmap (a warp's ballot is one bitmap word)
+//   and appends those in the threshold bin, with their columns, to a candidate list in
+//   shared memory (its length is known from the CTA's own histogram, so the list is used
+//   only where it fits). The refining passes then run over the candidates alone, and the
+//   candidates are marked in the bitmaps (selected, or equal to the final threshold) from
+//   the list. A CTA whose bin does not fit refines over its whole slice and marks by a
+//   walk over the slice after the last pass.
+// - Output positions: the selection is the marked keys above the threshold and the first
+//   `remaining` (in column order) of those equal to it. Each thread counts both bitmaps
+//   over a contiguous run of words (an odd number, so a warp's reads hit distinct banks);
+//   a block scan and the cluster's per-CTA totals (distributed shared memory) give every
+//   selected column its output position, the number of selected columns before it. Ids
+//   are written in ascending column order, no sort. A slice longer than the bitmaps
+//   (kSegmentColumns; streamed plans only) is marked and counted one segment at a time.
 // - sorted: once the cluster has written the ids, CTA 0 rebuilds their 64-bit selection
 //   ranks, sorts them (bitonic, shared memory) and rewrites the row.
-//
-// Measured on the H200 (RESULTS.md, k = 2048, fp32 randn): 14.2 us for one 32K row, 205 us
-// for 256 rows of 128K, slower than vLLM's compiled kernels. A cluster barrier round is not
-// what costs: cluster.sync() and a DSMEM read take 0.30 us a round on a cluster of 8
-// (st.async pushes onto an mbarrier: 0.20 us), about 2 us of the 15 us of one 32K row
-// (ncu: the SMs issue in 27% of their cycles, waiting on the chain of passes). The keys are
-// walked five times (load, two refining passes, count, write) and the first digit's bins
-// are contended: compacting the threshold bin after the first pass (the later passes over a
-// few candidates, in one CTA) is the next step.
 #include <cooperative_groups.h>
 
 #include <atomic>
@@ -47,19 +47,26 @@ namespace cg = cooperative_groups;
 constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
 constexpr int kBins = 2048;                 // 11-bit digits
+constexpr int kGroupBins = 64;              // bins per group sum (find_digit)
+constexpr int kWalkWords = 4;               // bitmap words a warp takes at a time in a walk
 constexpr int kLoadsInFlight = 8;           // 16-byte loads per thread per batch
 //! Largest cluster the plan picks (the portable limit); the override may force up to 16.
 constexpr int kMaxPlanCluster = 8;
 constexpr int kMaxCluster = 16;
-//! Keys per CTA at most: one CTA per SM (208 KB of keys).
-constexpr int64_t kSliceOneCta = 53248;
-constexpr int kMaxDynamicSmem = static_cast<int>(kSliceOneCta * 4);
+//! Threshold-bin keys a CTA keeps as candidates (key and column: 16 KB).
+constexpr int kCandidates = 2048;
+//! Columns the two bitmaps of a CTA cover at most (32 KB); longer slices go in segments.
+constexpr int64_t kSegmentColumns = 131072;
+//! Keys per CTA at most: one CTA per SM (176 KB of keys, 11 KB of bitmaps, the candidates).
+constexpr int64_t kSliceOneCta = 45056;
 //! Fewest columns per CTA the plan spreads a row to (shorter slices only add exchanges).
 constexpr int64_t kMinSlice = 1024;
+//! Most columns per CTA the plan gives (kCandidates holds their threshold bin on randn rows).
+constexpr int64_t kPlanSlice = 65536;
 //! topk_to_slots: a CTA's selected ids are staged in its histograms' shared memory (and
 //! converted kStagedPerThread per thread) when there are at most this many of them.
-constexpr int kStagedPerThread = 8;
-constexpr int64_t kStagedSlots = int64_t{kThreads} * kStagedPerThread;
+constexpr int64_t kStagedSlots = 4096;
+constexpr int kStagedPerThread = static_cast<int>(kStagedSlots / kThreads);
 
 //! Digit passes: shift of the digit and its width.
 __device__ __forceinline__ int pass_shift(int pass) { return pass == 0 ? 21 : pass == 1 ? 10 : 0; }
@@ -68,12 +75,27 @@ __device__ __forceinline__ int pass_bins(int pass) { return pass == 2 ? 1024 : 2
 //! x >> s for s in [0, 32] (32: every key has the same, empty, high part).
 __device__ __forceinline__ uint32_t high_bits(uint32_t x, int s) { return s >= 32 ? 0u : x >> s; }
 
+//! 32-bit words of one bitmap for a slice of `columns` columns.
+constexpr int64_t bitmap_words(int64_t columns) {
+  const int64_t covered = columns < kSegmentColumns ? columns : kSegmentColumns;
+  return (covered + 31) / 32;
+}
+
+//! Dynamic shared memory of a launch whose slices hold at most `slice` columns: the
+//! candidates ((key, column) pairs), the two bitmaps, then (resident) the keys.
+constexpr int64_t dynamic_smem_bytes(int64_t slice, bool resident) {
+  return int64_t{kCandidates} * 8 + bitmap_words(slice) * 8 + (resident ? slice * 4 : 0);
+}
+constexpr int kMaxDynamicSmem = static_cast<int>(dynamic_smem_bytes(kSliceOneCta, true));
+
 struct SharedState {
   alignas(16) uint32_t hist[2][kBins];  // read as 16-byte vectors; then topk_to_slots' stage
   uint32_t warp_a[kWarps], warp_b[kWarps];
+  uint32_t groups[2][kBins / kGroupBins];  // group sums of hist, read by the others
   uint32_t digit, above, in_bin;
-  uint32_t cta[2][2];  // this CTA's totals per exchange, read by the others
-  uint32_t sums[4];    // the exchange's result, for every thread
+  uint32_t candidates;  // appended to the candidate list
+  uint32_t cta[2][2];   // this CTA's totals per exchange, read by the others
+  uint32_t sums[4];     // the exchange's result, for every thread
 };
 
 static_assert(kStagedSlots * sizeof(int32_t) <= sizeof(SharedState::hist),
@@ -123,9 +145,9 @@ template <typename Bits, bool kResident>
 struct RowSlice {
   const Bits* src;  // column 0 of this CTA's slice in global memory
   const uint32_t* keys;
-  int64_t n;        // columns in the slice
+  uint32_t n;       // columns in the slice (slice indices are 32-bit: a row has < 2^31)
 
-  __device__ __forceinline__ uint32_t key(int64_t j) const {
+  __device__ __forceinline__ uint32_t key(uint32_t j) const {
     if constexpr (kResident) {
       return keys[j];
     } else {
@@ -139,32 +161,32 @@ struct RowSlice {
  *        digit into `hist`; streamed, only counts.
  */
 template <typename Bits, bool kResident>
-__device__ __forceinline__ void load_and_count(const Bits* src, int64_t n, uint32_t* keys,
+__device__ __forceinline__ void load_and_count(const Bits* src, uint32_t n, uint32_t* keys,
                                                uint32_t* hist) {
-  auto take = [&](int64_t j, Bits bits) {
+  auto take = [&](uint32_t j, Bits bits) {
     const uint32_t key = score_key(bits);
     if constexpr (kResident) keys[j] = key;
     atomicAdd(&hist[key >> 21], 1u);
   };
   constexpr int kPerVector = 16 / sizeof(Bits);
   const uintptr_t address = reinterpret_cast<uintptr_t>(src);
-  int64_t head = static_cast<int64_t>(((16 - address % 16) % 16) / sizeof(Bits));
+  uint32_t head = static_cast<uint32_t>(((16 - address % 16) % 16) / sizeof(Bits));
   if (head > n) head = n;
-  const int64_t vectors = (n - head) / kPerVector;
-  const int64_t tail = head + vectors * kPerVector;
+  const uint32_t vectors = (n - head) / kPerVector;
+  const uint32_t tail = head + vectors * kPerVector;
   if (threadIdx.x < head) take(threadIdx.x, src[threadIdx.x]);
   if (threadIdx.x < n - tail) take(tail + threadIdx.x, src[tail + threadIdx.x]);
   const uint4* body = reinterpret_cast<const uint4*>(src + head);
-  for (int64_t first = threadIdx.x; first < vectors; first += kThreads * kLoadsInFlight) {
+  for (uint32_t first = threadIdx.x; first < vectors; first += kThreads * kLoadsInFlight) {
     uint4 v[kLoadsInFlight];
 #pragma unroll
     for (int u = 0; u < kLoadsInFlight; ++u) {
-      const int64_t i = first + u * kThreads;
+      const uint32_t i = first + u * kThreads;
       if (i < vectors) v[u] = kResident ? __ldcs(body + i) : __ldg(body + i);
     }
 #pragma unroll
     for (int u = 0; u < kLoadsInFlight; ++u) {
-      const int64_t i = first + u * kThreads;
+      const uint32_t i = first + u * kThreads;
       if (i < vectors) {
         const Bits* lanes = reinterpret_cast<const Bits*>(&v[u]);
 #pragma unroll
@@ -172,6 +194,185 @@ __device__ __forceinline__ void load_and_count(const Bits* src, int64_t n, uint3
       }
     }
   }
+}
+
+/*!
+ * \brief Sums this CTA's histogram `hist` (`bins` bins) in groups of kGroupBins bins into
+ *        `groups`, which the cluster reads in find_digit. Every thread calls it once the
+ *        histogram is complete (after a block barrier); the cluster barrier that follows
+ *        publishes the sums.
+ */
+__device__ __forceinline__ void sum_groups(const uint32_t* hist, int bins, uint32_t* groups) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  for (int g = warp; g < bins / kGroupBins; g += kWarps) {
+    const uint2 q = reinterpret_cast<const uint2*>(hist + g * kGroupBins)[lane];
+    uint32_t sum = q.x + q.y;
+#pragma unroll
+    for (int d = 16; d >= 1; d /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, d);
+    if (lane == 0) groups[g] = sum;
+  }
+}
+
+/*!
+ * \brief The pass's digit: finds, in the cluster's histograms `hist` (`bins` bins) and
+ *        their group sums `groups`, the bin holding the remaining-th key in descending
+ *        digit order, and stores it in s.digit, the keys of the higher bins in s.above and
+ *        the bin's count in s.in_bin. Warp 0 reads every CTA's group sums, then the 64
+ *        bins of the one group holding the key (distributed shared memory: 3 words per
+ *        lane and CTA instead of whole histograms). Every thread calls it after the cluster
+ *        barrier that publishes the sums; the results are visible after the next
+ *        __syncthreads.
+ */
+__device__ __forceinline__ void find_digit(SharedState& s, uint32_t* hist, uint32_t* groups,
+                                           int bins, int cluster, uint32_t remaining) {
+  if (threadIdx.x >= 32) return;
+  const int lane = threadIdx.x;
+  const int group_count = bins / kGroupBins;
+  // Lane l holds group group_count - 1 - l (descending digit order along the lanes).
+  const int g = group_count - 1 - lane;
+  uint32_t group_sum = 0;
+#pragma unroll 8
+  for (int r = 0; r < cluster; ++r) {  // independent loads: unrolled to overlap
+    const uint32_t* gr = cluster > 1 ? cg::this_cluster().map_shared_rank(groups, r) : groups;
+    if (g >= 0) group_sum += gr[g];
+  }
+  uint32_t incl = group_sum;
+#pragma unroll
+  for (int d = 1; d < 32; d *= 2) {
+    const uint32_t u = __shfl_up_sync(0xffffffffu, incl, d);
+    if (lane >= d) incl += u;
+  }
+  const int first = __ffs(__ballot_sync(0xffffffffu, incl >= remaining)) - 1;
+  const uint32_t above_group = __shfl_sync(0xffffffffu, incl - group_sum, first);
+  const int top = (group_count - 1 - first) * kGroupBins + kGroupBins;  // past the group
+  // Lane l holds the bins top - 1 - 2l (c[0]) and top - 2 - 2l (c[1]).
+  uint32_t c[2] = {0, 0};
+#pragma unroll 8
+  for (int r = 0; r < cluster; ++r) {
+    const uint32_t* h = cluster > 1 ? cg::this_cluster().map_shared_rank(hist, r) : hist;
+    const uint2 q = *reinterpret_cast<const uint2*>(h + top - 2 - 2 * lane);
+    c[0] += q.y, c[1] += q.x;
+  }
+  const uint32_t need = remaining - above_group;
+  const uint32_t pair = c[0] + c[1];
+  uint32_t pair_incl = pair;
+#pragma unroll
+  for (int d = 1; d < 32; d *= 2) {
+    const uint32_t u = __shfl_up_sync(0xffffffffu, pair_incl, d);
+    if (lane >= d) pair_incl += u;
+  }
+  const int at = __ffs(__ballot_sync(0xffffffffu, pair_incl >= need)) - 1;
+  if (lane == at) {
+    const uint32_t before = above_group + pair_incl - pair;
+    const bool upper = before + c[0] >= remaining;
+    s.digit = static_cast<uint32_t>(top - 1 - 2 * lane - (upper ? 0 : 1));
+    s.above = upper ? before : before + c[0];
+    s.in_bin = upper ? c[0] : c[1];
+  }
+}
+
+/*!
+ * \brief One CTA's shared memory for the marking: the candidate list (keys and their
+ *        slice columns) and the two bitmaps over the slice's columns (bit j of `sel`: column
+ *        j is above the threshold; of `tie`: equal to it).
+ */
+struct Marks {
+  uint2* cand;  // (key, slice column)
+  uint32_t* sel;
+  uint32_t* tie;
+};
+
+/*!
+ * \brief The walk after the first pass: appends the slice's keys of the threshold digit
+ *        `digit` to the candidate list and, when `mark` (the bitmaps cover the slice),
+ *        stores the `sel` words (the keys of a higher digit; `tie` is cleared beforehand).
+ *        A warp takes kWalkWords words' columns at a time (its ballots are the words), with
+ *        one atomic on the list's length per batch; only a warp's last batch checks the
+ *        slice's end.
+ */
+template <typename Slice>
+__device__ __forceinline__ void collect_candidates(SharedState& s, const Slice& slice,
+                                                   const Marks& m, uint32_t digit, bool mark) {
+  const int lane = threadIdx.x % 32;
+  const uint32_t lower = (1u << lane) - 1u;
+  auto batch = [&](uint32_t base, auto checked) {
+    constexpr bool kChecked = decltype(checked)::value;
+    uint32_t key[kWalkWords], in_bin[kWalkWords], mine = 0, listed = 0;
+#pragma unroll
+    for (int u = 0; u < kWalkWords; ++u) {
+      const uint32_t j = base + 32 * u + lane;
+      key[u] = !kChecked || j < slice.n ? slice.key(j) : 0u;
+    }
+#pragma unroll
+    for (int u = 0; u < kWalkWords; ++u) {
+      const bool valid = !kChecked || base + 32 * u + lane < slice.n;
+      const uint32_t d = key[u] >> 21;
+      const uint32_t above = __ballot_sync(0xffffffffu, valid && d > digit);
+      in_bin[u] = __ballot_sync(0xffffffffu, valid && d == digit);
+      mine = lane == u ? above : mine;  // lane u stores word u
+      listed += __popc(in_bin[u]);
+    }
+    if (mark && lane < kWalkWords && (!kChecked || base + 32 * lane < slice.n)) {
+      m.sel[base / 32 + lane] = mine;
+    }
+    if (listed == 0) return;  // warp-uniform
+    uint32_t at = 0;
+    if (lane == 0) at = atomicAdd(&s.candidates, listed);
+    at = __shfl_sync(0xffffffffu, at, 0);
+    // This lane's list positions: `at` plus the batch's candidates before its own, word by
+    // word (most lanes have none; branch-free up to the stores).
+#pragma unroll
+    for (int u = 0; u < kWalkWords; ++u) {
+      const uint32_t i = at + __popc(in_bin[u] & lower);
+      // The histogram counted exactly these keys; the bound guards against logits changed
+      // under the kernel.
+      if (((in_bin[u] >> lane) & 1u) && i < kCandidates) {
+        m.cand[i] = make_uint2(key[u], base + 32 * u + lane);
+      }
+      at += __popc(in_bin[u]);
+    }
+  };
+  constexpr uint32_t kStep = kThreads * kWalkWords;
+  uint32_t base = (threadIdx.x - lane) * kWalkWords;
+  for (; base + 32 * kWalkWords <= slice.n; base += kStep) batch(base, std::false_type{});
+  if (base < slice.n) batch(base, std::true_type{});
+}
+
+/*!
+ * \brief Marks the columns [s0, s1) of the slice in the bitmaps by their keys (bit j - s0):
+ *        high_bits(key, shift) above `threshold` in `sel`, equal in `tie`. With shift 32
+ *        every column is equal (the keys are not read). kWalkWords words per warp at a
+ *        time, as in collect_candidates.
+ */
+template <typename Slice>
+__device__ __forceinline__ void mark_by_walk(const Slice& slice, const Marks& m, uint32_t s0,
+                                             uint32_t s1, int shift, uint32_t threshold) {
+  const int lane = threadIdx.x % 32;
+  auto batch = [&](uint32_t base, auto checked) {
+    constexpr bool kChecked = decltype(checked)::value;
+    uint32_t h[kWalkWords], above = 0, equal = 0;
+#pragma unroll
+    for (int u = 0; u < kWalkWords; ++u) {
+      const uint32_t j = base + 32 * u + lane;
+      h[u] = (!kChecked || j < s1) && shift < 32 ? slice.key(j) >> shift : 0u;
+    }
+#pragma unroll
+    for (int u = 0; u < kWalkWords; ++u) {
+      const bool valid = !kChecked || base + 32 * u + lane < s1;
+      const uint32_t a = __ballot_sync(0xffffffffu, valid && h[u] > threshold);
+      const uint32_t e = __ballot_sync(0xffffffffu, valid && h[u] == threshold);
+      above = lane == u ? a : above;  // lane u stores word u
+      equal = lane == u ? e : equal;
+    }
+    if (lane < kWalkWords && (!kChecked || base + 32 * lane < s1)) {
+      m.sel[(base - s0) / 32 + lane] = above;
+      m.tie[(base - s0) / 32 + lane] = equal;
+    }
+  };
+  constexpr uint32_t kStep = kThreads * kWalkWords;
+  uint32_t base = s0 + (threadIdx.x - lane) * kWalkWords;
+  for (; base < s1 && s1 - base >= 32 * kWalkWords; base += kStep) batch(base, std::false_type{});
+  if (base < s1) batch(base, std::true_type{});
 }
 
 //! Bitonic sort of `n` (a power of two) 64-bit values in shared memory, descending.
@@ -248,10 +449,10 @@ __device__ __forceinline__ ClusterSums cluster_exchange(SharedState& s, int slot
  *        (PackCandidatesArgs: pack_candidate).
  */
 template <typename Bits, bool kResident, typename Sink>
-__global__ void __launch_bounds__(kThreads, 2)
+__global__ void __launch_bounds__(kThreads, 1024 / kThreads)  // 64 registers
     topk_per_row_kernel(const TopkPerRowArgs a, const Sink sink, int cluster) {
   constexpr bool kSlots = std::is_same<Sink, ConvertIndexArgs>::value;
-  constexpr bool kCandidates = std::is_same<Sink, PackCandidatesArgs>::value;
+  constexpr bool kPacked = std::is_same<Sink, PackCandidatesArgs>::value;
   extern __shared__ __align__(16) uint32_t dynamic_smem[];
   __shared__ SharedState s;
   await_previous_kernel();
@@ -259,22 +460,36 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int64_t row = blockIdx.x / cluster;
   const int rank = static_cast<int>(blockIdx.x - row * cluster);
   const RowWindow w = row_window(a, row);
-  const int64_t per = (w.count + cluster - 1) / cluster;
+  // 32-bit divisions: a row has fewer than 2^31 columns.
+  const int64_t per = static_cast<uint32_t>(w.count + cluster - 1) / static_cast<uint32_t>(cluster);
   const int64_t lo = rank * per < w.count ? rank * per : w.count;
   const int64_t hi = lo + per < w.count ? lo + per : w.count;
+  // The layout of dynamic_smem_bytes for the launch's largest slice.
+  const int64_t words =
+      bitmap_words(static_cast<uint32_t>(a.cols + cluster - 1) / static_cast<uint32_t>(cluster));
+  const Marks m{reinterpret_cast<uint2*>(dynamic_smem), dynamic_smem + 2 * kCandidates,
+                dynamic_smem + 2 * kCandidates + words};
   const Bits* row_src = static_cast<const Bits*>(a.logits) + row * a.row_stride + w.start;
-  const RowSlice<Bits, kResident> slice{row_src + lo, dynamic_smem, hi - lo};
+  uint32_t* const keys = m.tie + words;  // resident
+  const RowSlice<Bits, kResident> slice{row_src + lo, keys, static_cast<uint32_t>(hi - lo)};
   const int64_t k = a.k;
+  const uint32_t segment = static_cast<uint32_t>(words) * 32;  // columns the bitmaps cover
+  const bool one_segment = slice.n <= segment;
 
   // The selection: keys with high_bits(key, shift) > threshold, and the first `remaining`
   // (column order) of those equal to it. A window of at most k columns is taken whole.
   int shift = 32;
   uint32_t threshold = 0, remaining = static_cast<uint32_t>(w.count < k ? w.count : k);
+  // This CTA's threshold-bin keys are in the candidate list (else in the slice only).
+  bool listed = false;
+  uint32_t listed_count = 0;
 
   if (w.count > k) {
     for (int i = threadIdx.x; i < 2 * kBins; i += kThreads) (&s.hist[0][0])[i] = 0;
+    for (int64_t i = threadIdx.x; i < words; i += kThreads) m.tie[i] = 0;  // marked from the list
+    if (threadIdx.x == 0) s.candidates = 0;
     __syncthreads();
-    load_and_count<Bits, kResident>(slice.src, slice.n, dynamic_smem, s.hist[0]);
+    load_and_count<Bits, kResident>(slice.src, slice.n, keys, s.hist[0]);
     uint32_t prefix = 0;
     for (int pass = 0; pass < 3; ++pass) {
       const int digit_shift = pass_shift(pass), bins = pass_bins(pass);
@@ -282,42 +497,21 @@ __global__ void __launch_bounds__(kThreads, 2)
       if (pass > 0) {
         const int decided = digit_shift + (pass == 1 ? 11 : 10);
         const uint32_t want = high_bits(prefix, decided);
-        for (int64_t j = threadIdx.x; j < slice.n; j += kThreads) {
-          const uint32_t key = slice.key(j);
+        auto count = [&](uint32_t key) {
           if (high_bits(key, decided) == want) {
             atomicAdd(&hist[(key >> digit_shift) & (bins - 1)], 1u);
           }
-        }
-      }
-      cluster_barrier(cluster);  // every CTA's histogram of this pass is complete
-      // Thread t sums the cluster's bins [top - per_thread, top), top = bins - per_thread t
-      // (descending digit order across threads); a scan finds the bin holding the
-      // remaining-th key.
-      const int per_thread = bins / kThreads;
-      const int top = bins - per_thread * threadIdx.x;
-      uint32_t counts[4] = {0, 0, 0, 0};
-#pragma unroll 4
-      for (int r = 0; r < cluster; ++r) {  // independent loads: unrolled to overlap
-        const uint32_t* h = cluster > 1 ? cg::this_cluster().map_shared_rank(hist, r) : hist;
-        if (per_thread == 4) {
-          const uint4 q = *reinterpret_cast<const uint4*>(h + top - 4);
-          counts[0] += q.w, counts[1] += q.z, counts[2] += q.y, counts[3] += q.x;
+        };
+        if (listed) {
+          for (uint32_t c = threadIdx.x; c < listed_count; c += kThreads) count(m.cand[c].x);
         } else {
-          const uint2 q = *reinterpret_cast<const uint2*>(h + top - 2);
-          counts[0] += q.y, counts[1] += q.x;
+          for (uint32_t j = threadIdx.x; j < slice.n; j += kThreads) count(slice.key(j));
         }
       }
-      uint32_t sum = counts[0] + counts[1] + counts[2] + counts[3];
-      uint32_t above, unused_b, total, unused_t;
-      block_scan2(s, sum, 0, above, unused_b, total, unused_t);
-      for (int e = 0; e < per_thread; ++e) {
-        if (above < remaining && above + counts[e] >= remaining) {
-          s.digit = static_cast<uint32_t>(top - 1 - e);
-          s.above = above;
-          s.in_bin = counts[e];
-        }
-        above += counts[e];
-      }
+      __syncthreads();
+      sum_groups(hist, bins, s.groups[pass & 1]);
+      cluster_barrier(cluster);  // every CTA's histogram of this pass is complete
+      find_digit(s, hist, s.groups[pass & 1], bins, cluster, remaining);
       if (pass == 1) {  // pass 2 reuses pass 0's buffer: every CTA has read it by now
         for (int i = threadIdx.x; i < kBins; i += kThreads) s.hist[0][i] = 0;
       }
@@ -328,55 +522,133 @@ __global__ void __launch_bounds__(kThreads, 2)
       threshold = high_bits(prefix, shift);
       // s.digit is rewritten only after the next pass's scan barriers.
       if (s.in_bin == remaining) break;  // the whole bin is taken: nothing to refine
+      if (pass == 0) {
+        listed = s.hist[0][s.digit] <= kCandidates;  // this CTA's keys in the bin
+        if (listed) {
+          collect_candidates(s, slice, m, s.digit, one_segment);
+          __syncthreads();
+          listed_count = s.candidates < kCandidates ? s.candidates : kCandidates;
+        }
+      }
     }
   }
 
-  // Count the selected columns of each thread's chunk (odd length: no bank conflicts).
-  int64_t chunk = (slice.n + kThreads - 1) / kThreads;
-  chunk |= 1;
-  const int64_t c0 = threadIdx.x * chunk < slice.n ? threadIdx.x * chunk : slice.n;
-  const int64_t c1 = c0 + chunk < slice.n ? c0 + chunk : slice.n;
-  uint32_t gt = 0, eq = 0;
-  for (int64_t j = c0; j < c1; ++j) {
-    const uint32_t h = high_bits(slice.key(j), shift);
-    gt += h > threshold;
-    eq += h == threshold;
+  // Mark the selected columns and count them: CTA totals, and in one segment each thread's
+  // counts before its run of bitmap words.
+  const bool marked_from_list = listed && one_segment;
+  if (marked_from_list) {
+    for (uint32_t c = threadIdx.x; c < listed_count; c += kThreads) {
+      const uint2 c_key_col = m.cand[c];
+      const uint32_t h = high_bits(c_key_col.x, shift), j = c_key_col.y;
+      if (h >= threshold) atomicOr(&(h > threshold ? m.sel : m.tie)[j / 32], 1u << (j % 32));
+    }
   }
-  uint32_t gt_before, eq_before, gt_total, eq_total;
-  block_scan2(s, gt, eq, gt_before, eq_before, gt_total, eq_total);
+  // Thread t counts and visits the bitmap words [t * run, t * run + run) of a segment of
+  // `seg_words` words (run odd: a warp's reads hit distinct banks).
+  auto word_run = [&](uint32_t seg_words, uint32_t& w0, uint32_t& w1) {
+    const uint32_t run = ((seg_words + kThreads - 1) / kThreads) | 1;
+    w0 = threadIdx.x * run < seg_words ? threadIdx.x * run : seg_words;
+    w1 = w0 + run < seg_words ? w0 + run : seg_words;
+  };
+  // Marks segment `seg` (unless the list did) and scans its counts; [w0, w1): the thread's
+  // words.
+  auto scan_segment = [&](uint32_t seg, uint32_t& w0, uint32_t& w1, uint32_t& gt_before,
+                          uint32_t& eq_before, uint32_t& gt_total, uint32_t& eq_total) {
+    const uint32_t s0 = seg * segment, s1 = slice.n - s0 > segment ? s0 + segment : slice.n;
+    if (!marked_from_list) mark_by_walk(slice, m, s0, s1, shift, threshold);
+    __syncthreads();
+    word_run((s1 - s0 + 31) / 32, w0, w1);
+    uint32_t gt = 0, eq = 0;
+    for (uint32_t i = w0; i < w1; ++i) gt += __popc(m.sel[i]), eq += __popc(m.tie[i]);
+    block_scan2(s, gt, eq, gt_before, eq_before, gt_total, eq_total);
+  };
+  const uint32_t segments = one_segment ? 1 : (slice.n - 1) / segment + 1;
+  uint32_t w0 = 0, w1 = 0;
+  uint32_t gt_before = 0, eq_before = 0, gt_total = 0, eq_total = 0;
+  for (uint32_t seg = 0; seg < segments; ++seg) {
+    uint32_t gt_seg, eq_seg;
+    scan_segment(seg, w0, w1, gt_before, eq_before, gt_seg, eq_seg);
+    gt_total += gt_seg, eq_total += eq_seg;
+  }
   // Slots counted (compaction, valid counts) need a second exchange, after the first.
   bool counted = false;
   if constexpr (kSlots) counted = sink.compact || sink.valid_counts.present();
   const ClusterSums selected =
       cluster_exchange(s, 0, cluster, rank, gt_total, eq_total, !counted && !a.sorted);
-  gt_before += selected.x_before;
-  eq_before += selected.y_before;
   const int64_t taken = w.count < k ? w.count : k;
 
-  // Calls visit(position, id) for each selected column of the chunk, in column order:
-  // position = the number of selected columns before it.
-  auto for_each_selected = [&](auto&& visit) {
-    uint32_t g = gt_before, e = eq_before;
-    for (int64_t j = c0; j < c1; ++j) {
-      const uint32_t h = high_bits(slice.key(j), shift);
-      if (h > threshold) {
-        visit(static_cast<int64_t>(g) + (e < remaining ? e : remaining),
-              static_cast<int32_t>(lo + j));
-        ++g;
-      } else if (h == threshold) {
-        if (e < remaining) visit(static_cast<int64_t>(g) + e, static_cast<int32_t>(lo + j));
-        ++e;
+  // Calls visit(position, id) for each selected column of the words [w0, w1) of the
+  // segment starting at column s0, in column order: position = the number of selected
+  // columns before it. (gt, eq): the counts before word w0.
+  auto visit_words = [&](uint32_t s0, uint32_t w0, uint32_t w1, uint32_t gt, uint32_t eq,
+                         auto&& visit) {
+    const int32_t first_id = static_cast<int32_t>(lo + s0);
+    for (uint32_t i = w0; i < w1; ++i) {
+      const uint32_t above = m.sel[i];
+      uint32_t both = above | m.tie[i];
+      while (both != 0) {
+        const int b = __ffs(both) - 1;
+        both &= both - 1;
+        const int32_t id = first_id + static_cast<int32_t>(i * 32 + b);
+        if ((above >> b) & 1u) {
+          visit(static_cast<int64_t>(gt) + (eq < remaining ? eq : remaining), id);
+          ++gt;
+        } else {
+          if (eq < remaining) visit(static_cast<int64_t>(gt) + eq, id);
+          ++eq;
+        }
       }
+    }
+  };
+  // Calls visit(position, id) for each selected column of the CTA. Every thread calls it.
+  auto for_each_selected = [&](auto&& visit) {
+    if (segments == 1) {
+      visit_words(0, w0, w1, selected.x_before + gt_before, selected.y_before + eq_before,
+                  visit);
+      return;
+    }
+    uint32_t gt_base = selected.x_before, eq_base = selected.y_before;
+    for (uint32_t seg = 0; seg < segments; ++seg) {
+      uint32_t v0, v1;
+      uint32_t gt_seg_before, eq_seg_before, gt_seg, eq_seg;
+      scan_segment(seg, v0, v1, gt_seg_before, eq_seg_before, gt_seg, eq_seg);
+      visit_words(seg * segment, v0, v1, gt_base + gt_seg_before, eq_base + eq_seg_before,
+                  visit);
+      gt_base += gt_seg, eq_base += eq_seg;
+      __syncthreads();  // the words are read before the next segment's marks
     }
   };
   const int64_t fill_step = static_cast<int64_t>(cluster) * kThreads;
   const int64_t fill_first = rank * kThreads + threadIdx.x;
+  // This CTA's selected ids hold the output positions [first, first + count): positions
+  // follow the column order and the CTA's columns are one contiguous slice.
+  const uint32_t eq_taken_before = selected.y_before < remaining ? selected.y_before : remaining;
+  const uint32_t eq_left = remaining - eq_taken_before;
+  const int64_t first = static_cast<int64_t>(selected.x_before) + eq_taken_before;
+  const int64_t count = static_cast<int64_t>(gt_total) + (eq_total < eq_left ? eq_total : eq_left);
+  // Staged (at most kStagedSlots ids): the ids go to shared memory in output order (the
+  // histograms are free: every CTA of the cluster has read them before the exchange
+  // above), so that the writes are coalesced and topk_to_slots' gathers are batched.
+  const bool staged = count <= kStagedSlots;
+  int32_t* const stage = reinterpret_cast<int32_t*>(&s.hist[0][0]);
+  if (staged) {
+    for_each_selected([&](int64_t pos, int32_t id) { stage[pos - first] = id; });
+    __syncthreads();
+  }
+  // Calls put(position, id) for each selected id of the CTA. Every thread calls it.
+  auto for_each_output = [&](auto&& put) {
+    if (staged) {
+      for (int i = threadIdx.x; i < count; i += kThreads) put(first + i, stage[i]);
+    } else {
+      for_each_selected(put);
+    }
+  };
 
-  if constexpr (kCandidates) {
+  if constexpr (kPacked) {
     uint64_t* out = sink.out.row(row);
     const int64_t stride = sink.out.col_stride;
     const int64_t start = pack_row_start(sink, row);
-    for_each_selected([&](int64_t pos, int32_t id) {
+    for_each_output([&](int64_t pos, int32_t id) {
       out[pos * stride] = pack_candidate(sink, row, start, id);
     });
     for (int64_t j = taken + fill_first; j < k; j += fill_step) {
@@ -386,20 +658,10 @@ __global__ void __launch_bounds__(kThreads, 2)
     int32_t* out = sink.out.row(row);
     const int64_t stride = sink.out.col_stride;
     const ConvertRow convert = convert_row(sink, row);
-    // This CTA's selected ids hold the output positions [first, first + count): positions
-    // follow the column order and the CTA's columns are one contiguous slice.
-    const uint32_t eq_taken_before = selected.y_before < remaining ? selected.y_before : remaining;
-    const uint32_t eq_left = remaining - eq_taken_before;
-    const int64_t first = static_cast<int64_t>(selected.x_before) + eq_taken_before;
-    const int64_t count = static_cast<int64_t>(gt_total) + (eq_total < eq_left ? eq_total : eq_left);
     int64_t end = taken;  // past the last written position
-    if (count <= kStagedSlots) {
-      // Staged: the ids go to shared memory (the histograms are free: every CTA of the
-      // cluster has read them before the exchange above), then each thread converts a
-      // contiguous run of them with all its block-table gathers in flight at once.
-      int32_t* stage = reinterpret_cast<int32_t*>(&s.hist[0][0]);
-      for_each_selected([&](int64_t pos, int32_t id) { stage[pos - first] = id; });
-      __syncthreads();
+    if (staged) {
+      // Each thread converts a contiguous run of the staged ids with all its block-table
+      // gathers in flight at once.
       const int per = static_cast<int>((count + kThreads - 1) / kThreads);
       const int64_t i0 = static_cast<int64_t>(threadIdx.x) * per;
       const int mine = static_cast<int>(count - i0 < per ? (count > i0 ? count - i0 : 0) : per);
@@ -473,7 +735,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   } else {
     int32_t* out = a.out.row(row);
     const int64_t stride = a.out.col_stride;
-    for_each_selected([&](int64_t pos, int32_t id) { out[pos * stride] = id; });
+    for_each_output([&](int64_t pos, int32_t id) { out[pos * stride] = id; });
     for (int64_t j = taken + fill_first; j < k; j += fill_step) out[j * stride] = -1;
     if (a.sorted) {
       // The cluster's writes of this row are visible to CTA 0 after the barrier.
@@ -518,7 +780,7 @@ void launch(const TopkPerRowArgs& a, const Sink& sink, const TopkPlan& plan, con
         "topk_per_row cluster attribute");
     configured.fetch_or(bit, std::memory_order_relaxed);
   }
-  size_t smem = kResident ? static_cast<size_t>(plan.slice) * 4 : 0;
+  size_t smem = static_cast<size_t>(dynamic_smem_bytes(plan.slice, kResident));
   if (a.sorted) {
     const int64_t taken = a.k < a.cols ? a.k : a.cols;
     size_t n = 1;
@@ -560,20 +822,22 @@ TopkPlan topk_plan(int64_t rows, int64_t cols, int64_t sms) {
     plan.resident = forced < 100 && plan.slice <= kSliceOneCta;
     return plan;
   }
-  // Few rows: spread each over up to a cluster of 8 (latency); many rows: the fewest CTAs
-  // whose slices fit one CTA's shared memory. H200, k = 2048, fp32 (cluster size: us):
-  // 64 x 32K 2: 18.4, 4: 28.0; 256 x 32K 1: 48.3, 2: 49.2; 64 x 128K 3: 63.8, 6: 66.5;
-  // 256 x 128K 3: 205, 6: 221; 1 x 128K 8: 22.0, 6: 24.5.
-  const int64_t needed = (cols + kSliceOneCta - 1) / kSliceOneCta;
+  // Few rows: spread each over up to a cluster of 8 (latency). Slices of at most
+  // kPlanSlice columns (a longer slice's threshold bin overflows the candidate list on
+  // randn-like rows). Resident only when the launch is one wave of one CTA per SM: past it,
+  // streamed CTAs (two per SM, their second walk mostly from L2) overlap one another's
+  // loads and walks. H200, k = 2048, fp32 (cluster size, r = resident / s = streamed: us):
+  // 256 x 32K 1r: 39.7, 1s: 32.1; 1024 x 32K 1r: 145, 1s: 106; 64 x 32K 2r: 16.2, 2s: 16.8;
+  // 256 x 128K 3r: 174, 2s: 108, 3s: 129; 128 x 128K 3r: 99, 2s: 58; 16 x 128K 8r: 21.1;
+  // 1 x 128K 1s: 155 (the list overflows), 8r: 15.4.
+  const int64_t needed = (cols + kPlanSlice - 1) / kPlanSlice;
   int64_t spread = sms / (rows > 0 ? rows : 1);
   if (spread > kMaxPlanCluster) spread = kMaxPlanCluster;
   if (spread > (cols + kMinSlice - 1) / kMinSlice) spread = (cols + kMinSlice - 1) / kMinSlice;
   int64_t c = needed > spread ? needed : spread;
   if (c < 1) c = 1;
-  if (c > kMaxPlanCluster) {
-    c = kMaxPlanCluster;
-    plan.resident = (cols + c - 1) / c <= kSliceOneCta;
-  }
+  if (c > kMaxPlanCluster) c = kMaxPlanCluster;
+  plan.resident = (cols + c - 1) / c <= kSliceOneCta && rows * c <= sms;
   plan.cluster = static_cast<int>(c);
   plan.slice = (cols + c - 1) / c;
   return plan;
