@@ -6,8 +6,9 @@
 `--peers` is a folder holding ../shared/peers' rowwise_topk_peer.py and timing.py (an
 ignored folder: nothing of vLLM enters the project). Per shape: the fastest vLLM kernel
 (persistent, cooperative, per_row), dsa_ext's time, the ratio (> 1: dsa_ext faster),
-whether the id sets are equal (to each other and to torch.topk's), and the launch floor
-of a do-nothing kernel. `--sweep` also times every forced cluster size of dsa_ext.
+whether the id sets are equal (to each other and to torch.topk's; a row that differs names
+what it differs from), and the launch floor of a do-nothing kernel. `--sweep` also times
+every forced cluster size of dsa_ext.
 """
 from __future__ import annotations
 
@@ -66,9 +67,11 @@ def main() -> int:
         dsa_ext.topk_per_row(ours_in, K, out=ours)
         torch.cuda.synchronize()
         want = torch.topk(ours_in.float(), K, dim=1).indices.int()
-        equal = same_sets(ours, want) if not distinct else True
         ref = dsa_ext.topk_per_row(ours_in.cpu(), K)  # CPU: bit-identical, order included
-        equal = equal and torch.equal(ours.cpu(), ref)
+        # Which comparisons failed, if any: ours against torch.topk's set (no ties), against
+        # the CPU, and each peer's set against ours (no ties).
+        unequal = [] if distinct or same_sets(ours, want) else ["torch.topk"]
+        unequal += [] if torch.equal(ours.cpu(), ref) else ["cpu"]
         best, best_name = float("inf"), "-"
         if dtype is torch.float32:
             for name, fn in peers.items():
@@ -77,8 +80,8 @@ def main() -> int:
                 theirs = torch.empty((B, K), dtype=torch.int32, device="cuda")
                 fn(x, n, theirs, K)
                 torch.cuda.synchronize()
-                if not distinct:  # with ties the sets may differ among equal scores
-                    equal = equal and same_sets(theirs, ours)
+                if not distinct and not same_sets(theirs, ours):  # ties: sets may differ
+                    unequal.append(name)
                 t = bench_graph(lambda: fn(x, n, theirs, K), iters=20)
                 if t < best:
                     best, best_name = t, name
@@ -87,8 +90,9 @@ def main() -> int:
         tag = ((f" ties{distinct}" if distinct else "") +
                (" bf16" if dtype is torch.bfloat16 else ""))
         shape = f"{B}x{L // 1024}K{tag}"
+        equal = not unequal
         row = dict(shape=shape, vllm_us=best, vllm_kernel=best_name, dsa_ext_us=us,
-                   ratio=best / us, equal=bool(equal), plan=plan)
+                   ratio=best / us, equal=equal, unequal=unequal, plan=plan)
         if args.sweep:
             row["sweep"] = {}
             for code in SWEEP:
@@ -106,7 +110,8 @@ def main() -> int:
         rows.append(row)
         peer_text = f"{best:6.2f} {best_name:>9}" if best < float("inf") else f"{'-':>16}"
         print(f"{shape:22} {peer_text} {us:10.2f} {best / us:6.2f} {int(equal):>6} "
-              f"{str(plan):>12}" + (f"  sweep {row['sweep']}" if args.sweep else ""),
+              f"{str(plan):>12}" + (f"  differs from {unequal}" if unequal else "")
+              + (f"  sweep {row['sweep']}" if args.sweep else ""),
               flush=True)
     if args.json:
         with open(args.json, "w") as fh:

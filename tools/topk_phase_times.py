@@ -1,0 +1,121 @@
+"""Phase times of the per-row top-K kernel, for reading where a launch's time goes.
+
+    python tools/topk_phase_times.py BINARY      # here: writes the sources, compiles (nvcc)
+    BINARY ROWS COLS [PLAN [ties]]               # on the GPU machine
+
+The binary holds a copy of csrc/indexer/topk_per_row.cu with globaltimer stamps (thread 0
+of the first and of the last CTA) and a driver: k = 2048 over generated rows (about normal,
+or with `ties` 16 distinct values), PLAN as set_topk_plan_override, the ids checked
+against a host selection (a MISMATCH line names the first difference). It prints the
+back-to-back launch time and each stamp's microseconds since the CTA started:
+1 after the wait for the previous kernel, 2 / 3 around the load, per pass p 4 + 4p / 5 + 4p
+around the cluster barrier and 6 + 4p once the digit is known, 7 after the candidate list,
+16 before the marking, 17 after the counts, 18 after the exchange, 19 after the writes,
+20 at the end. The compiler may move work across a stamp: read them as approximate.
+"""
+import os
+import subprocess
+import sys
+import tempfile
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def stamped_kernel() -> str:
+    global src
+    src = open(os.path.join(REPO, "csrc/indexer/topk_per_row.cu")).read()
+    pre = '''
+    __device__ unsigned long long g_stamps[2][32];
+    __device__ __forceinline__ void stamp(int i) {
+      if (threadIdx.x != 0) return;
+      int b = blockIdx.x == 0 ? 0 : (blockIdx.x == gridDim.x - 1 ? 1 : -1);
+      if (b < 0) return;
+      unsigned long long t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); g_stamps[b][i] = t;
+    }
+    '''
+    def rep(old, new, count=1):
+        global src
+        assert src.count(old) == count, (old, src.count(old))
+        src = src.replace(old, new)
+    rep("namespace cg = cooperative_groups;\n", "namespace cg = cooperative_groups;\n" + pre)
+    rep("  __shared__ SharedState s;\n  await_previous_kernel();\n", "  __shared__ SharedState s;\n  stamp(0);\n  await_previous_kernel();\n  stamp(1);\n")
+    rep("    load_and_count<Bits, kResident>(slice.src, slice.n, keys, s.hist[0]);\n", "    stamp(2);\n    load_and_count<Bits, kResident>(slice.src, slice.n, keys, s.hist[0]);\n    stamp(3);\n")
+    rep("      cluster_barrier(cluster);  // every CTA's histogram of this pass is complete\n", "      stamp(4 + 4 * pass);\n      cluster_barrier(cluster);  // every CTA's histogram of this pass is complete\n      stamp(5 + 4 * pass);\n")
+    rep("      prefix |= s.digit << digit_shift;\n", "      stamp(6 + 4 * pass);\n      prefix |= s.digit << digit_shift;\n")
+    rep("          listed_count = s.candidates < kCandidates ? s.candidates : kCandidates;\n", "          listed_count = s.candidates < kCandidates ? s.candidates : kCandidates;\n          stamp(7);\n")
+    rep("  const bool marked_from_list = listed && one_segment;\n", "  stamp(16);\n  const bool marked_from_list = listed && one_segment;\n")
+    rep("  // Slots counted (compaction, valid counts) need a second exchange, after the first.\n", "  stamp(17);\n")
+    rep("  const int64_t taken = w.count < k ? w.count : k;\n\n", "  stamp(18);\n  const int64_t taken = w.count < k ? w.count : k;\n\n")
+    rep("  if (cluster > 1) cg::this_cluster().barrier_wait();\n}", "  stamp(19);\n  if (cluster > 1) cg::this_cluster().barrier_wait();\n  stamp(20);\n}")
+    return src
+
+
+DRIVER = r"""#include "stamped.cu"
+#include <cstdio>
+#include <vector>
+#include <cstring>
+#include <algorithm>
+#include <functional>
+using namespace dsa;
+int main(int argc, char** argv) {
+  int rows = atoi(argv[1]), cols = atoi(argv[2]), plan = argc > 3 ? atoi(argv[3]) : -1;
+  std::vector<float> h((size_t)rows * cols);
+  uint64_t x = 88172645463325252ull;
+  for (auto& v : h) {  // a sum of 4 uniforms (about normal), or 16 distinct values
+    float s = 0; for (int i = 0; i < 4; ++i) { x ^= x << 13; x ^= x >> 7; x ^= x << 17; s += (x >> 40) * (1.0f / (1 << 24)); }
+    v = (s - 2.0f) * 1.7f;
+    if (argc > 4) v = (float)((x >> 20) % 16);
+  }
+  float* d; int32_t* o; cudaMalloc(&d, h.size() * 4); cudaMalloc(&o, (size_t)rows * 2048 * 4);
+  cudaMemcpy(d, h.data(), h.size() * 4, cudaMemcpyHostToDevice);
+  TopkPerRowArgs a; a.logits = d; a.rows = rows; a.cols = cols; a.row_stride = cols; a.k = 2048;
+  a.out = Strided2D<int32_t>(Desc2{(int64_t)(uintptr_t)o, rows, 2048, 2048, 1});
+  if (plan > 0) set_topk_plan_override(plan);
+  Place p; p.device = 0; p.stream = 0;
+  cudaEvent_t e0, e1; cudaEventCreate(&e0); cudaEventCreate(&e1);
+  for (int it = 0; it < 20; ++it) topk_per_row_cuda(a, p);
+  cudaEventRecord(e0);
+  for (int it = 0; it < 50; ++it) topk_per_row_cuda(a, p);
+  cudaEventRecord(e1); cudaEventSynchronize(e1);
+  float ms; cudaEventElapsedTime(&ms, e0, e1);
+  unsigned long long st[2][32]; memset(st, 0, sizeof st);
+  unsigned long long zero[64] = {0};
+  cudaMemcpyToSymbol(g_stamps, zero, sizeof zero);
+  topk_per_row_cuda(a, p); cudaDeviceSynchronize();
+  cudaMemcpyFromSymbol(st, g_stamps, sizeof st);
+  // Check against a host selection (ascending column order expected).
+  std::vector<int32_t> got((size_t)rows * 2048);
+  cudaMemcpy(got.data(), o, got.size() * 4, cudaMemcpyDeviceToHost);
+  int bad = 0;
+  std::vector<uint64_t> r(cols);
+  for (int i = 0; i < rows && bad < 3; ++i) {
+    for (int c = 0; c < cols; ++c) { uint32_t b; memcpy(&b, &h[(size_t)i * cols + c], 4); r[c] = selection_rank(score_key(b), c); }
+    std::nth_element(r.begin(), r.begin() + 2048, r.end(), std::greater<>());
+    std::vector<int32_t> want(2048);
+    for (int j = 0; j < 2048; ++j) want[j] = decode_candidate_gid(r[j]);
+    std::sort(want.begin(), want.end());
+    for (int j = 0; j < 2048; ++j) if (want[j] != got[(size_t)i * 2048 + j]) { printf("MISMATCH row %d pos %d want %d got %d\n", i, j, want[j], got[(size_t)i*2048+j]); ++bad; break; }
+  }
+  auto pl = topk_plan(rows, cols, sm_count(0));
+  printf("rows %d cols %d plan (%d, %lld, %d): %.2f us per launch (stream, back to back); err %s\n", rows, cols, pl.cluster, (long long)pl.slice, pl.resident, ms * 1000 / 50, cudaGetErrorString(cudaGetLastError()));
+  for (int b = 0; b < 2; ++b) {
+    printf(" block %s:", b ? "last" : "0");
+    for (int i = 1; i < 21; ++i) if (st[b][i]) printf(" %d:%+.2f", i, (st[b][i] - st[b][0]) / 1000.0);
+    printf("\n");
+  }
+}
+"""
+
+
+def main() -> None:
+    binary = os.path.abspath(sys.argv[1])
+    with tempfile.TemporaryDirectory() as tmp:
+        open(os.path.join(tmp, "stamped.cu"), "w").write(stamped_kernel())
+        open(os.path.join(tmp, "main.cu"), "w").write(DRIVER)
+        subprocess.run(["nvcc", "-arch=sm_90a", "-O3", "-std=c++17", "--expt-relaxed-constexpr",
+                        "-I", os.path.join(REPO, "csrc"), "-I", os.path.join(REPO, "csrc/indexer"),
+                        os.path.join(tmp, "main.cu"), "-o", binary], check=True)
+
+
+if __name__ == "__main__":
+    main()
