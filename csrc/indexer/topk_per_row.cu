@@ -213,6 +213,17 @@ __device__ __forceinline__ void sum_groups(const uint32_t* hist, int bins, uint3
   }
 }
 
+//! Sum of x over the lanes up to this one (a full warp calls it).
+__device__ __forceinline__ uint32_t warp_inclusive_sum(uint32_t x) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int d = 1; d < 32; d *= 2) {
+    const uint32_t u = __shfl_up_sync(0xffffffffu, x, d);
+    if (lane >= d) x += u;
+  }
+  return x;
+}
+
 /*!
  * \brief The pass's digit: finds, in the cluster's histograms `hist` (`bins` bins) and
  *        their group sums `groups`, the bin holding the remaining-th key in descending
@@ -236,12 +247,7 @@ __device__ __forceinline__ void find_digit(SharedState& s, uint32_t* hist, uint3
     const uint32_t* gr = cluster > 1 ? cg::this_cluster().map_shared_rank(groups, r) : groups;
     if (g >= 0) group_sum += gr[g];
   }
-  uint32_t incl = group_sum;
-#pragma unroll
-  for (int d = 1; d < 32; d *= 2) {
-    const uint32_t u = __shfl_up_sync(0xffffffffu, incl, d);
-    if (lane >= d) incl += u;
-  }
+  const uint32_t incl = warp_inclusive_sum(group_sum);
   const int first = __ffs(__ballot_sync(0xffffffffu, incl >= remaining)) - 1;
   const uint32_t above_group = __shfl_sync(0xffffffffu, incl - group_sum, first);
   const int top = (group_count - 1 - first) * kGroupBins + kGroupBins;  // past the group
@@ -255,12 +261,7 @@ __device__ __forceinline__ void find_digit(SharedState& s, uint32_t* hist, uint3
   }
   const uint32_t need = remaining - above_group;
   const uint32_t pair = c[0] + c[1];
-  uint32_t pair_incl = pair;
-#pragma unroll
-  for (int d = 1; d < 32; d *= 2) {
-    const uint32_t u = __shfl_up_sync(0xffffffffu, pair_incl, d);
-    if (lane >= d) pair_incl += u;
-  }
+  const uint32_t pair_incl = warp_inclusive_sum(pair);
   const int at = __ffs(__ballot_sync(0xffffffffu, pair_incl >= need)) - 1;
   if (lane == at) {
     const uint32_t before = above_group + pair_incl - pair;
