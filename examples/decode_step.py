@@ -3,7 +3,7 @@
 
     IndexerMetadataBuilder.build_decode
     -> paged MQA logits (DeepGEMM when importable, else the torch fallback)
-    -> per-row top-K (dsa_ext.topk_per_row where this build has it, else torch.topk)
+    -> per-row top-K (dsa_ext.topk_per_row)
     -> with --dcp W: merge_topk_global over an in-process exchange of the W ranks
     -> convert_req_index_to_global_index(compact=True)
     -> safe_lengths
@@ -159,10 +159,7 @@ class InProcessExchange:
 def local_topk(logits: torch.Tensor, row_ends: torch.Tensor, k: int,
                out: torch.Tensor) -> torch.Tensor:
     """Each row's k best columns below its row end (ids, then -1)."""
-    if hasattr(dsa_ext, "topk_per_row"):  # SWITCH: dsa_ext.topk_per_row (issue 19) once merged
-        return dsa_ext.topk_per_row(logits, k, lengths=row_ends, out=out)
-    idx = torch.topk(logits, k, dim=1).indices
-    return out.copy_(torch.where(idx < row_ends[:, None].long(), idx, -1))
+    return dsa_ext.topk_per_row(logits, k, lengths=row_ends, out=out)
 
 
 class DecodeStep:
@@ -306,15 +303,14 @@ def main(argv=None) -> dict:
     md = step.state[0]["md"]
     logits_kernel = ("DeepGEMM " + getattr(mqa_logits.deep_gemm(), "__version__", "")
                      if on_gpu and mqa_logits.deep_gemm() is not None else "torch fallback")
-    topk_kernel = "dsa_ext.topk_per_row" if hasattr(dsa_ext, "topk_per_row") else "torch.topk"
-    result = dict(config=asdict(cfg), path=md.path, logits=logits_kernel, topk=topk_kernel,
-                  timing="CUDA-graph replay" if on_gpu else "eager CPU",
+    result = dict(config=asdict(cfg), path=md.path, logits=logits_kernel,
+                  topk="dsa_ext.topk_per_row", timing="CUDA-graph replay" if on_gpu else "eager CPU",
                   us_per_rank={k: v / W for k, v in times.items()}, problems=check(step))
     device_name = torch.cuda.get_device_name() if on_gpu else "CPU"
     print(f"decode step on {device_name}: B={cfg.batch} next_n={cfg.next_n} "
           f"context<={cfg.context} block={cfg.block_size} H={cfg.heads} D={cfg.head_dim} "
           f"k={cfg.topk} DCP W={W}; path {md.path}, logits {logits_kernel}, "
-          f"top-K {topk_kernel}; {result['timing']}, {cfg.iters} iterations")
+          f"top-K {result['topk']}; {result['timing']}, {cfg.iters} iterations")
     print(f"| stage | us{' per rank' if W > 1 else ''} | share of step |")
     print("|---|---:|---:|")
     step_us = result["us_per_rank"]["step"]

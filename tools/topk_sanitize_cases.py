@@ -1,0 +1,37 @@
+"""Small topk_per_row / topk_to_slots / topk_to_candidates runs over every plan kind (resident
+and streamed clusters, one and several bitmap segments, randn and 16-value rows), each
+compared with the CPU, for compute-sanitizer (memcheck, racecheck, synccheck):
+
+    compute-sanitizer --tool racecheck python tools/topk_sanitize_cases.py
+
+Prints the number of mismatches; exit code 1 if there is any.
+"""
+import torch
+
+import dsa_ext
+from dsa_ext import _C
+
+g = torch.Generator().manual_seed(0)
+cases = []
+for B, L in ((2, 20000), (3, 4100), (1, 70000), (2, 300000)):
+    x = torch.randn(B, L, generator=g)
+    x[-1] = torch.randint(0, 16, (L,), generator=g).float()
+    cases.append(x)
+bad = 0
+for plan in (-1, 1, 2, 3, 8, 101, 102, 108):
+    _C.set_topk_plan_override(plan)
+    for x in cases:
+        for k, srt in ((2048, False), (512, True)):
+            got = dsa_ext.topk_per_row(x.cuda(), k, sorted=srt).cpu()
+            bad += not torch.equal(got, dsa_ext.topk_per_row(x, k, sorted=srt))
+    x = cases[0]
+    table = torch.arange(4 * 400, dtype=torch.int32).reshape(4, 400)
+    req = torch.tensor([0, 3], dtype=torch.int32)
+    a = dsa_ext.topk_to_slots(x.cuda(), 2048, req.cuda(), table.cuda(), 64, compact=True)
+    b = dsa_ext.topk_to_slots(x, 2048, req, table, 64, compact=True)
+    bad += not torch.equal(a.cpu(), b)
+    c = dsa_ext.topk_to_candidates(x.cuda(), 2048, 1, 4).cpu()
+    bad += not torch.equal(c, dsa_ext.topk_to_candidates(x, 2048, 1, 4))
+torch.cuda.synchronize()
+print("sanitize cases: mismatches", bad)
+raise SystemExit(1 if bad else 0)
