@@ -8,7 +8,9 @@
 #   racecheck and initcheck), bench.txt, side_by_side.txt / .json (vLLM's kernels beside
 #   dsa_ext's on the same inputs, when .peers/ holds the harness of ../shared/peers),
 #   topk_side_by_side.txt / .json (vLLM's per-row top-K beside dsa_ext's, when VLLM_SO
-#   names its unpacked library) and results.json (environment, step exit codes, bench numbers).
+#   names its unpacked library), deepgemm/ (DeepGEMM built from source and checked against
+#   dsa_ext's decode path, when DSA_EXT_DEEPGEMM_SRC names what tools/deepgemm_fetch.sh
+#   prepared) and results.json (environment, step exit codes, bench numbers).
 # Needs: python3 with torch (CUDA), pybind11, scikit-build-core, cmake, ninja, nvcc,
 # compute-sanitizer. CuTeDSL cubins are exported on a build machine (the GPU machine has
 # no nvidia-cutlass-dsl): if cute_dsl_aot/out/ exists it is used via DSA_EXT_CUBIN_DIR.
@@ -60,6 +62,9 @@ step racecheck sanitizer.log env DSA_EXT_HYPOTHESIS_PROFILE=sanitizer timeout 15
   compute-sanitizer --tool racecheck --error-exitcode 99 \
   "${PYTEST[@]}" -m cuda -k "(matches_reference and random) or random_cases_cuda or spec_vector" \
   "$REPO/tests/test_stable_topk.py" "$REPO/tests/test_kv_index.py"
+# The per-row top-K's candidate list, bitmaps and staged ids, every plan kind.
+step racecheck_topk sanitizer.log timeout 150 compute-sanitizer --tool racecheck \
+  --error-exitcode 99 $PY "$REPO/tools/topk_sanitize_cases.py"
 # The sort skips slots past the gathered count: no read of shared memory nobody wrote.
 step initcheck sanitizer.log env DSA_EXT_HYPOTHESIS_PROFILE=sanitizer timeout 120 \
   compute-sanitizer --tool initcheck --report-api-errors no --error-exitcode 99 \
@@ -86,12 +91,21 @@ if [ "${DSA_EXT_SKIP_BENCH:-0}" != 1 ] && [ -n "${VLLM_SO:-}" ] && [ -f "$VLLM_S
     --json "$OUT/topk_side_by_side.json"
 fi
 
+# DeepGEMM (the caller's dependency, JIT and all) built here and run through dsa_ext's
+# decode path: tools/deepgemm_on_gpu.sh, its logs in deepgemm/.
+STATUS[deepgemm]=0
+if [ -n "${DSA_EXT_DEEPGEMM_SRC:-}" ]; then
+  step deepgemm deepgemm.log timeout 420 bash "$REPO/tools/deepgemm_on_gpu.sh" \
+    "$DSA_EXT_DEEPGEMM_SRC" "$OUT/deepgemm" --check
+fi
+
 $PY - "$OUT" <<EOF
 import json, os, subprocess, sys
 out = sys.argv[1]
 status = {"build": ${STATUS[build]}, "selfcheck": ${STATUS[selfcheck]},
           "pytest": ${STATUS[pytest]}, "sanitizer": ${STATUS[sanitizer]},
-          "racecheck": ${STATUS[racecheck]}, "initcheck": ${STATUS[initcheck]},
+          "racecheck": ${STATUS[racecheck]}, "racecheck_topk": ${STATUS[racecheck_topk]},
+          "initcheck": ${STATUS[initcheck]}, "deepgemm": ${STATUS[deepgemm]},
           "bench": ${STATUS[bench]}, "side_by_side": ${STATUS[side_by_side]},
           "topk_side_by_side": ${STATUS[topk_side_by_side]}}
 bench = {}
@@ -105,6 +119,7 @@ json.dump({"environment": head, "status": status, "bench": bench},
 print("summary:", status)
 EOF
 tail -n 25 "$OUT/bench.txt" 2>/dev/null
-for s in build selfcheck pytest sanitizer racecheck initcheck bench side_by_side topk_side_by_side; do
+for s in build selfcheck pytest sanitizer racecheck racecheck_topk initcheck bench side_by_side \
+         topk_side_by_side deepgemm; do
   [ "${STATUS[$s]}" = 0 ] || exit 1
 done
