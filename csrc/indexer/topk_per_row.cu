@@ -7,12 +7,13 @@
 // - Resident plan: while loading its slice (16-byte loads, eight per thread in flight) a
 //   CTA stores the keys in shared memory and builds the first digit's histogram, so the
 //   row is read from global memory once; the later walks run over shared memory. The
-//   streamed plan (rows longer than the cluster's shared memory) re-reads the slice from
-//   global memory in every walk instead.
-// - After each pass the CTAs of the cluster read each other's histograms through
-//   distributed shared memory (one cluster barrier per pass: the histograms are double
-//   buffered) and every CTA finds the same digit holding the k-th key. A pass whose
-//   digit bin is taken whole ends the selection early.
+//   streamed plan (slices past one CTA's shared memory, or launches past one wave, where
+//   two streamed CTAs per SM overlap) reads the slice from global memory in each walk.
+// - After each pass every CTA sums its histogram in groups of 64 bins; after the pass's
+//   cluster barrier warp 0 of each CTA reads the cluster's group sums, then the bins of
+//   the one group holding the k-th key (distributed shared memory; the histograms and
+//   sums are double buffered), so every CTA finds the same digit. A pass whose digit bin
+//   is taken whole ends the selection early.
 // - Candidates: after the first pass one walk over the slice marks the keys whose first
 //   digit is above the threshold digit in a bitmap (a warp's ballot is one bitmap word)
 //   and appends those in the threshold bin, with their columns, to a candidate list in
@@ -26,7 +27,8 @@
 //   over a contiguous run of words (an odd number, so a warp's reads hit distinct banks);
 //   a block scan and the cluster's per-CTA totals (distributed shared memory) give every
 //   selected column its output position, the number of selected columns before it. Ids
-//   are written in ascending column order, no sort. A slice longer than the bitmaps
+//   are in ascending column order, no sort; up to kStagedSlots per CTA are staged in
+//   shared memory in that order and written coalesced. A slice longer than the bitmaps
 //   (kSegmentColumns; streamed plans only) is marked and counted one segment at a time.
 // - sorted: once the cluster has written the ids, CTA 0 rebuilds their 64-bit selection
 //   ranks, sorts them (bitonic, shared memory) and rewrites the row.
@@ -63,8 +65,8 @@ constexpr int64_t kSliceOneCta = 45056;
 constexpr int64_t kMinSlice = 1024;
 //! Most columns per CTA the plan gives (kCandidates holds their threshold bin on randn rows).
 constexpr int64_t kPlanSlice = 65536;
-//! topk_to_slots: a CTA's selected ids are staged in its histograms' shared memory (and
-//! converted kStagedPerThread per thread) when there are at most this many of them.
+//! A CTA's selected ids are staged in its histograms' shared memory, in output order, when
+//! there are at most this many of them (topk_to_slots converts kStagedPerThread per thread).
 constexpr int64_t kStagedSlots = 4096;
 constexpr int kStagedPerThread = static_cast<int>(kStagedSlots / kThreads);
 
@@ -89,7 +91,7 @@ constexpr int64_t dynamic_smem_bytes(int64_t slice, bool resident) {
 constexpr int kMaxDynamicSmem = static_cast<int>(dynamic_smem_bytes(kSliceOneCta, true));
 
 struct SharedState {
-  alignas(16) uint32_t hist[2][kBins];  // read as 16-byte vectors; then topk_to_slots' stage
+  alignas(16) uint32_t hist[2][kBins];  // read as 16-byte vectors; then the staged ids
   uint32_t warp_a[kWarps], warp_b[kWarps];
   uint32_t groups[2][kBins / kGroupBins];  // group sums of hist, read by the others
   uint32_t digit, above, in_bin;
@@ -99,7 +101,7 @@ struct SharedState {
 };
 
 static_assert(kStagedSlots * sizeof(int32_t) <= sizeof(SharedState::hist),
-              "topk_to_slots stages a CTA's ids in the histograms");
+              "a CTA's ids are staged in the histograms");
 
 /*!
  * \brief Exclusive block-wide prefix sums of (a, b) in thread order, and their totals.
