@@ -64,24 +64,12 @@ __device__ __forceinline__ void load_tile(const ConvertIndexArgs& a, int64_t t, 
   }
 }
 
-/*!
- * \brief Token ids -> slots (the element rule of convert_index.h), in its two steps: every
- *        block-table load of the tile is in flight before the first is used, so a thread's
- *        kItems gathers cost one round trip, not kItems. kDenseTable: the table's column
- *        stride is known to be 1 (saves the multiply).
- */
+//! Token ids -> slots (convert_tokens). kDenseTable: the table's column stride is known to
+//! be 1.
 template <int kThreads, int kItems, bool kDenseTable>
 __device__ __forceinline__ void convert_loaded(const ConvertIndexArgs& a, const ConvertRow& row,
                                                Tile<kThreads, kItems>& tile) {
-  const int64_t table_stride = kDenseTable ? 1 : a.block_table.col_stride;
-  PagedSlot src[kItems];
-  int32_t entry[kItems];
-#pragma unroll
-  for (int j = 0; j < kItems; ++j) src[j] = token_slot(a, row, tile.slot[j]);
-#pragma unroll
-  for (int j = 0; j < kItems; ++j) entry[j] = paged_slot_entry(src[j], row.table_row, table_stride);
-#pragma unroll
-  for (int j = 0; j < kItems; ++j) tile.slot[j] = paged_slot_value(src[j], entry[j], a.block_stride);
+  convert_tokens(a, row, tile.slot, kDenseTable ? 1 : a.block_table.col_stride);
 }
 
 /*!

@@ -96,6 +96,25 @@ DSA_HD int32_t convert_token(const ConvertIndexArgs& a, const ConvertRow& row, i
 }
 
 /*!
+ * \brief convert_token of N token ids in place (-1 stays -1), in its two steps: every
+ *        block-table load is issued before the first is used, so N gathers cost one round
+ *        trip, not N. `table_stride` is the table's column stride (a constant 1 saves the
+ *        multiply).
+ */
+template <int N>
+DSA_HD void convert_tokens(const ConvertIndexArgs& a, const ConvertRow& row, int32_t (&slot)[N],
+                           int64_t table_stride) {
+  PagedSlot src[N];
+  int32_t entry[N];
+#pragma unroll
+  for (int j = 0; j < N; ++j) src[j] = token_slot(a, row, slot[j]);
+#pragma unroll
+  for (int j = 0; j < N; ++j) entry[j] = paged_slot_entry(src[j], row.table_row, table_stride);
+#pragma unroll
+  for (int j = 0; j < N; ++j) slot[j] = paged_slot_value(src[j], entry[j], a.block_stride);
+}
+
+/*!
  * \brief How the CUDA kernel covers the rows (convert_index.cu): split rows over
  *        `parts` CTAs of `split_items` columns per thread each, or (split_items == 0)
  *        one CTA of `row_threads` threads per row.

@@ -668,22 +668,13 @@ __global__ void __launch_bounds__(kThreads, 1024 / kThreads)  // 64 registers
       const int per = static_cast<int>((count + kThreads - 1) / kThreads);
       const int64_t i0 = static_cast<int64_t>(threadIdx.x) * per;
       const int mine = static_cast<int>(count - i0 < per ? (count > i0 ? count - i0 : 0) : per);
-      PagedSlot src[kStagedPerThread];
       int32_t slot[kStagedPerThread];
+#pragma unroll
+      for (int i = 0; i < kStagedPerThread; ++i) slot[i] = i < mine ? stage[i0 + i] : -1;
+      convert_tokens(sink, convert, slot, sink.block_table.col_stride);  // -1 past `mine`
       uint32_t valid = 0;
 #pragma unroll
-      for (int i = 0; i < kStagedPerThread; ++i) {
-        src[i] = i < mine ? token_slot(sink, convert, stage[i0 + i]) : PagedSlot{};
-      }
-#pragma unroll
-      for (int i = 0; i < kStagedPerThread; ++i) {
-        slot[i] = paged_slot_entry(src[i], convert.table_row, sink.block_table.col_stride);
-      }
-#pragma unroll
-      for (int i = 0; i < kStagedPerThread; ++i) {
-        slot[i] = paged_slot_value(src[i], slot[i], sink.block_stride);  // -1 past `mine`
-        valid += slot[i] >= 0;
-      }
+      for (int i = 0; i < kStagedPerThread; ++i) valid += slot[i] >= 0;
       if (!counted) {
 #pragma unroll
         for (int i = 0; i < kStagedPerThread; ++i) {
