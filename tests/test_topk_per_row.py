@@ -425,6 +425,23 @@ def test_slots_every_plan_matches_reference(plan, case, counts):
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("plan, L, k", [(1, 20000, 6000), (2, 300000, 12000), (101, 300000, 9000)])
+@pytest.mark.parametrize("compact", [False, True])
+def test_slots_past_the_stage_keep_column_order(plan, L, k, compact):
+    """More ids per CTA than one stage of the conversion holds (several chunks), with one
+    bitmap segment per slice (plan 1) and several (150K- and 300K-column slices): in place
+    and compacted slots in column order, and the valid counts."""
+    g = torch.Generator().manual_seed(L + k)
+    x = torch.randn(2, L, generator=g)
+    x[1] = torch.randint(0, 16, (L,), generator=g).float()
+    table = torch.randint(0, 1 << 16, (3, L // 64 + 1), generator=g, dtype=I32)
+    table[torch.rand(table.shape, generator=g) < 0.15] = -1  # invalid slots to compact out
+    req = torch.tensor([0, 2], dtype=I32)
+    with forced_topk_plan(plan):
+        slots_both(torch.device("cuda"), x, k, req, table, 64, compact=compact)
+
+
+@pytest.mark.cuda
 def test_slots_graph_replay_and_compile():
     rows, L, k = 16, 30000, 2048
     g = torch.Generator().manual_seed(21)

@@ -662,64 +662,82 @@ __global__ void __launch_bounds__(kThreads, 1024 / kThreads)  // 64 registers
     const int64_t stride = sink.out.col_stride;
     const ConvertRow convert = convert_row(sink, row);
     int64_t end = taken;  // past the last written position
-    if (staged) {
-      // Each thread converts a contiguous run of the staged ids with all its block-table
-      // gathers in flight at once.
-      const int per = static_cast<int>((count + kThreads - 1) / kThreads);
-      const int64_t i0 = static_cast<int64_t>(threadIdx.x) * per;
-      const int mine = static_cast<int>(count - i0 < per ? (count > i0 ? count - i0 : 0) : per);
-      int32_t slot[kStagedPerThread];
+    // The CTA's ids go through the conversion kStagedSlots positions (a chunk) at a time:
+    // one chunk, already staged, unless the CTA has more ids.
+    const int64_t chunks = staged ? 1 : (count - 1) / kStagedSlots + 1;
+    // Stages chunk c's ids (positions first + c * kStagedSlots on). Every thread calls it.
+    auto stage_chunk = [&](int64_t c) {
+      if (staged) return;
+      const int64_t c0 = first + c * kStagedSlots;
+      __syncthreads();  // the previous chunk's ids are read
+      for_each_selected([&](int64_t pos, int32_t id) {
+        if (pos >= c0 && pos < c0 + kStagedSlots) stage[pos - c0] = id;
+      });
+      __syncthreads();
+    };
+    // Converts this thread's contiguous run [i0, i0 + mine) of the n staged ids with all its
+    // block-table gathers in flight at once; returns how many are valid.
+    int32_t slot[kStagedPerThread];
+    int64_t i0 = 0;
+    int mine = 0;
+    auto convert_chunk = [&](int64_t c) {
+      const int64_t n = count - c * kStagedSlots < kStagedSlots ? count - c * kStagedSlots
+                                                                : kStagedSlots;
+      const int per = static_cast<int>((n + kThreads - 1) / kThreads);
+      i0 = static_cast<int64_t>(threadIdx.x) * per;
+      mine = static_cast<int>(n - i0 < per ? (n > i0 ? n - i0 : 0) : per);
 #pragma unroll
       for (int i = 0; i < kStagedPerThread; ++i) slot[i] = i < mine ? stage[i0 + i] : -1;
       convert_tokens(sink, convert, slot, sink.block_table.col_stride);  // -1 past `mine`
       uint32_t valid = 0;
 #pragma unroll
       for (int i = 0; i < kStagedPerThread; ++i) valid += slot[i] >= 0;
-      if (!counted) {
+      return valid;
+    };
+    if (!counted) {
+      for (int64_t c = 0; c < chunks; ++c) {
+        stage_chunk(c);
+        convert_chunk(c);
+        const int64_t at = first + c * kStagedSlots + i0;
 #pragma unroll
         for (int i = 0; i < kStagedPerThread; ++i) {
-          if (i < mine) out[(first + i0 + i) * stride] = slot[i];
+          if (i < mine) out[(at + i) * stride] = slot[i];
         }
-      } else {
-        uint32_t valid_before, unused_b, valid_total, unused_t;
-        block_scan2(s, valid, 0, valid_before, unused_b, valid_total, unused_t);
-        const ClusterSums sums = cluster_exchange(s, 1, cluster, rank, valid_total, 0, true);
-        int64_t next = static_cast<int64_t>(sums.x_before) + valid_before;
+      }
+    } else {
+      // Compaction keeps column order: a slot's place is the valid slots of the CTAs before
+      // (the exchange), of the chunks before, and of the threads before in its chunk.
+      uint32_t valid_before = 0, cta_valid = 0, unused_b, unused_t;
+      for (int64_t c = 0; c < chunks && chunks > 1; ++c) {  // several chunks: count first
+        stage_chunk(c);
+        uint32_t chunk_valid;
+        block_scan2(s, convert_chunk(c), 0, valid_before, unused_b, chunk_valid, unused_t);
+        cta_valid += chunk_valid;
+      }
+      if (chunks == 1) {
+        block_scan2(s, convert_chunk(0), 0, valid_before, unused_b, cta_valid, unused_t);
+      }
+      const ClusterSums sums = cluster_exchange(s, 1, cluster, rank, cta_valid, 0, true);
+      int64_t chunk_base = sums.x_before;
+      for (int64_t c = 0; c < chunks; ++c) {
+        uint32_t chunk_valid = cta_valid;
+        if (chunks > 1) {
+          stage_chunk(c);
+          block_scan2(s, convert_chunk(c), 0, valid_before, unused_b, chunk_valid, unused_t);
+        }
+        int64_t next = chunk_base + valid_before;
+        const int64_t at = first + c * kStagedSlots + i0;
 #pragma unroll
         for (int i = 0; i < kStagedPerThread; ++i) {
           if (i >= mine) continue;
           if (!sink.compact) {
-            out[(first + i0 + i) * stride] = slot[i];
+            out[(at + i) * stride] = slot[i];
           } else if (slot[i] >= 0) {
             out[(next++) * stride] = slot[i];
           }
         }
-        if (sink.compact) end = sums.x_all;
-        if (rank == 0 && threadIdx.x == 0 && sink.valid_counts.present()) {
-          sink.valid_counts[row] = static_cast<int32_t>(sums.x_all);
-        }
+        chunk_base += chunk_valid;
       }
-    } else if (!counted) {
-      for_each_selected([&](int64_t pos, int32_t id) {
-        out[pos * stride] = convert_token(sink, convert, id);
-      });
-    } else {
-      uint32_t valid = 0;
-      for_each_selected([&](int64_t, int32_t id) {
-        valid += convert_token(sink, convert, id) >= 0;
-      });
-      uint32_t valid_before, unused_b, valid_total, unused_t;
-      block_scan2(s, valid, 0, valid_before, unused_b, valid_total, unused_t);
-      const ClusterSums sums = cluster_exchange(s, 1, cluster, rank, valid_total, 0, true);
-      int64_t next = static_cast<int64_t>(sums.x_before) + valid_before;
-      for_each_selected([&](int64_t pos, int32_t id) {
-        const int32_t slot = convert_token(sink, convert, id);
-        if (!sink.compact) {
-          out[pos * stride] = slot;
-        } else if (slot >= 0) {
-          out[(next++) * stride] = slot;
-        }
-      });
       if (sink.compact) end = sums.x_all;
       if (rank == 0 && threadIdx.x == 0 && sink.valid_counts.present()) {
         sink.valid_counts[row] = static_cast<int32_t>(sums.x_all);
