@@ -439,6 +439,10 @@ def test_slots_past_the_stage_keep_column_order(plan, L, k, compact):
     req = torch.tensor([0, 2], dtype=I32)
     with forced_topk_plan(plan):
         slots_both(torch.device("cuda"), x, k, req, table, 64, compact=compact)
+        if not compact:  # no counts asked for: the in-place chunks
+            want, _ = reference.topk_to_slots(x, k, req, table, 64)
+            got = dsa_ext.topk_to_slots(x.cuda(), k, req.cuda(), table.cuda(), 64)
+            assert_equal(got, want, k=k, L=L)
 
 
 @pytest.mark.cuda
