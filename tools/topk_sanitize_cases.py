@@ -1,6 +1,7 @@
 """Small topk_per_row / topk_to_slots / topk_to_candidates runs over every plan kind (resident
-and streamed clusters, one and several bitmap segments, randn and 16-value rows), each
-compared with the CPU, for compute-sanitizer (memcheck, racecheck, synccheck):
+and streamed clusters, one and several bitmap segments, randn and 16-value rows, more ids
+per CTA than the conversion's stage), each compared with the CPU, for compute-sanitizer
+(memcheck, racecheck, synccheck):
 
     compute-sanitizer --tool racecheck python tools/topk_sanitize_cases.py
 
@@ -32,6 +33,20 @@ for plan in (-1, 1, 2, 3, 8, 101, 102, 108):
     bad += not torch.equal(a.cpu(), b)
     c = dsa_ext.topk_to_candidates(x.cuda(), 2048, 1, 4).cpu()
     bad += not torch.equal(c, dsa_ext.topk_to_candidates(x, 2048, 1, 4))
+# More ids per CTA than the conversion's stage (several chunks), one and several bitmap
+# segments per slice, compacted with counts.
+y = torch.randn(2, 140000, generator=g)
+y[1] = torch.randint(0, 16, (y.shape[1],), generator=g).float()
+tab = torch.randint(0, 1 << 16, (4, y.shape[1] // 64 + 1), generator=g, dtype=torch.int32)
+tab[torch.rand(tab.shape, generator=g) < 0.15] = -1
+req = torch.tensor([0, 3], dtype=torch.int32)
+want = dsa_ext.topk_to_slots(y, 5000, req, tab, 64, compact=True, return_valid_counts=True)
+for plan in (-1, 101):
+    _C.set_topk_plan_override(plan)
+    got = dsa_ext.topk_to_slots(y.cuda(), 5000, req.cuda(), tab.cuda(), 64, compact=True,
+                                return_valid_counts=True)
+    bad += not (torch.equal(got[0].cpu(), want[0]) and torch.equal(got[1].cpu(), want[1]))
+_C.set_topk_plan_override(-1)
 torch.cuda.synchronize()
 print("sanitize cases: mismatches", bad)
 raise SystemExit(1 if bad else 0)
