@@ -55,15 +55,17 @@ constexpr int kLoadsInFlight = 8;           // 16-byte loads per thread per batc
 //! Largest cluster the plan picks (the portable limit); the override may force up to 16.
 constexpr int kMaxPlanCluster = 8;
 constexpr int kMaxCluster = 16;
-//! Threshold-bin keys a CTA keeps as candidates (key and column: 16 KB).
-constexpr int kCandidates = 2048;
+//! Threshold-bin keys a CTA keeps as candidates (key and column, 8 bytes each): 2048 when
+//! the slice's keys fill shared memory (resident), 6144 when they do not (streamed: 48 KB,
+//! and two CTAs still fit an SM with 128K-column bitmaps).
+constexpr int64_t list_capacity(bool resident) { return resident ? 2048 : 6144; }
 //! Columns the two bitmaps of a CTA cover at most (32 KB); longer slices go in segments.
 constexpr int64_t kSegmentColumns = 131072;
 //! Keys per CTA at most: one CTA per SM (176 KB of keys, 11 KB of bitmaps, the candidates).
 constexpr int64_t kSliceOneCta = 45056;
 //! Fewest columns per CTA the plan spreads a row to (shorter slices only add exchanges).
 constexpr int64_t kMinSlice = 1024;
-//! Most columns per CTA the plan gives (kCandidates holds their threshold bin on randn rows).
+//! Most columns per CTA the plan gives (the list holds their threshold bin on randn rows).
 constexpr int64_t kPlanSlice = 65536;
 //! A CTA's selected ids are staged in its histograms' shared memory, in output order, when
 //! there are at most this many of them (topk_to_slots converts kStagedPerThread per thread).
@@ -86,7 +88,7 @@ constexpr int64_t bitmap_words(int64_t columns) {
 //! Dynamic shared memory of a launch whose slices hold at most `slice` columns: the
 //! candidates ((key, column) pairs), the two bitmaps, then (resident) the keys.
 constexpr int64_t dynamic_smem_bytes(int64_t slice, bool resident) {
-  return int64_t{kCandidates} * 8 + bitmap_words(slice) * 8 + (resident ? slice * 4 : 0);
+  return list_capacity(resident) * 8 + bitmap_words(slice) * 8 + (resident ? slice * 4 : 0);
 }
 constexpr int kMaxDynamicSmem = static_cast<int>(dynamic_smem_bytes(kSliceOneCta, true));
 
@@ -281,6 +283,7 @@ __device__ __forceinline__ void find_digit(SharedState& s, uint32_t* hist, uint3
  */
 struct Marks {
   uint2* cand;  // (key, slice column)
+  uint32_t capacity;  // of the list
   uint32_t* sel;
   uint32_t* tie;
 };
@@ -329,7 +332,7 @@ __device__ __forceinline__ void collect_candidates(SharedState& s, const Slice& 
       const uint32_t i = at + __popc(in_bin[u] & lower);
       // The histogram counted exactly these keys; the bound guards against logits changed
       // under the kernel.
-      if (((in_bin[u] >> lane) & 1u) && i < kCandidates) {
+      if (((in_bin[u] >> lane) & 1u) && i < m.capacity) {
         m.cand[i] = make_uint2(key[u], base + 32 * u + lane);
       }
       at += __popc(in_bin[u]);
@@ -470,8 +473,9 @@ __global__ void __launch_bounds__(kThreads, 1024 / kThreads)  // 64 registers
   // The layout of dynamic_smem_bytes for the launch's largest slice.
   const int64_t words =
       bitmap_words(static_cast<uint32_t>(a.cols + cluster - 1) / static_cast<uint32_t>(cluster));
-  const Marks m{reinterpret_cast<uint2*>(dynamic_smem), dynamic_smem + 2 * kCandidates,
-                dynamic_smem + 2 * kCandidates + words};
+  constexpr uint32_t kList = static_cast<uint32_t>(list_capacity(kResident));
+  const Marks m{reinterpret_cast<uint2*>(dynamic_smem), kList, dynamic_smem + 2 * kList,
+                dynamic_smem + 2 * kList + words};
   const Bits* row_src = static_cast<const Bits*>(a.logits) + row * a.row_stride + w.start;
   uint32_t* const keys = m.tie + words;  // resident
   const RowSlice<Bits, kResident> slice{row_src + lo, keys, static_cast<uint32_t>(hi - lo)};
@@ -526,11 +530,11 @@ __global__ void __launch_bounds__(kThreads, 1024 / kThreads)  // 64 registers
       // s.digit is rewritten only after the next pass's scan barriers.
       if (s.in_bin == remaining) break;  // the whole bin is taken: nothing to refine
       if (pass == 0) {
-        listed = s.hist[0][s.digit] <= kCandidates;  // this CTA's keys in the bin
+        listed = s.hist[0][s.digit] <= kList;  // this CTA's keys in the bin
         if (listed) {
           collect_candidates(s, slice, m, s.digit, one_segment);
           __syncthreads();
-          listed_count = s.candidates < kCandidates ? s.candidates : kCandidates;
+          listed_count = s.candidates < kList ? s.candidates : kList;
         }
       }
     }
