@@ -42,7 +42,7 @@ def stamped_kernel() -> str:
     rep("    load_and_count<Bits, kResident>(slice.src, slice.n, keys, s.hist[0]);\n", "    stamp(2);\n    load_and_count<Bits, kResident>(slice.src, slice.n, keys, s.hist[0]);\n    stamp(3);\n")
     rep("      cluster_barrier(cluster);  // every CTA's histogram of this pass is complete\n", "      stamp(4 + 4 * pass);\n      cluster_barrier(cluster);  // every CTA's histogram of this pass is complete\n      stamp(5 + 4 * pass);\n")
     rep("      prefix |= s.digit << digit_shift;\n", "      stamp(6 + 4 * pass);\n      prefix |= s.digit << digit_shift;\n")
-    rep("          listed_count = s.candidates < kCandidates ? s.candidates : kCandidates;\n", "          listed_count = s.candidates < kCandidates ? s.candidates : kCandidates;\n          stamp(7);\n")
+    rep("          listed_count = s.candidates < kList ? s.candidates : kList;\n", "          listed_count = s.candidates < kList ? s.candidates : kList;\n          stamp(7);\n")
     rep("  const bool marked_from_list = listed && one_segment;\n", "  stamp(16);\n  const bool marked_from_list = listed && one_segment;\n")
     rep("  // Slots counted (compaction, valid counts) need a second exchange, after the first.\n", "  stamp(17);\n")
     rep("  const int64_t taken = w.count < k ? w.count : k;\n\n", "  stamp(18);\n  const int64_t taken = w.count < k ? w.count : k;\n\n")

@@ -12,8 +12,10 @@
 
 #if defined(__CUDACC__)
 #define DSA_HD __host__ __device__ __forceinline__
+#define DSA_UNROLL _Pragma("unroll")
 #else
 #define DSA_HD inline
+#define DSA_UNROLL  // a loop the device code unrolls; the host compiler chooses
 #endif
 
 namespace dsa {

@@ -32,6 +32,8 @@ constexpr int kSplitThreads = 256;
 constexpr int kRowThreads = 256;
 constexpr int kRowItems = 8;
 constexpr int kRowMinBlocks = 3;  // CTAs per SM the row kernels keep registers for
+//! CTAs per SM the 8-column split kernel keeps registers for (convert_split_wide_kernel).
+constexpr int kWideSplitMinBlocks = 6;
 //! Largest portable cluster: a split row has at most this many parts.
 constexpr int kMaxParts = 8;
 
@@ -146,22 +148,23 @@ __device__ __forceinline__ void store_in_place(const Tile<kThreads, kItems>& til
  * sends its count only once its tile's loads have returned.
  */
 template <int kItems, bool kCompact, bool kDense, bool kCluster>
-__global__ void __launch_bounds__(kSplitThreads)
-    convert_split_kernel(const ConvertIndexArgs a, int parts) {
+__device__ __forceinline__ void convert_split(const ConvertIndexArgs& a, const FastDiv by_parts) {
   constexpr int kThreads = kSplitThreads;
   constexpr int kRuns = Tile<kThreads, kItems>::kRuns;
   constexpr int64_t kTile = static_cast<int64_t>(kThreads) * kItems;
   __shared__ int run_offset[kRuns + 1];
   __shared__ uint32_t part_count[kMaxParts];  // the other parts' counts, pushed
   __shared__ uint64_t counts_landed;
+  const int parts = static_cast<int>(by_parts.d);
   await_previous_kernel();
   if (kCluster && parts > 1) {
     if (threadIdx.x == 0) push_barrier_init(&counts_landed, 4u * (parts - 1));
     push_arrive();
   }
 
-  const int64_t t = blockIdx.x / parts;
-  const int part = static_cast<int>(blockIdx.x - t * parts);
+  const uint32_t row = by_parts.div(blockIdx.x);  // the grid has < 2^31 CTAs
+  const int64_t t = row;
+  const int part = static_cast<int>(blockIdx.x - row * by_parts.d);
   const int64_t K = a.token_indices.cols;
   const int64_t first = part * kTile;
   const int64_t out_stride = kDense ? 1 : a.out.col_stride;
@@ -194,9 +197,10 @@ __global__ void __launch_bounds__(kSplitThreads)
     if constexpr (kCompact) {
       store_compacted<kThreads, kItems, kDense>(tile, run_offset, below, out, out_stride);
       // This part also owns the -1 tail inside its own columns.
-      const int64_t end = first + kTile < K ? first + kTile : K;
-      for (int64_t c = (total > first ? total : first) + threadIdx.x; c < end; c += kThreads) {
-        out[(kDense ? c : c * out_stride)] = -1;
+#pragma unroll
+      for (int j = 0; j < kItems; ++j) {
+        const int64_t c = first + j * kThreads + threadIdx.x;
+        if (c >= total && c < K) out[(kDense ? c : c * out_stride)] = -1;
       }
     } else {
       store_in_place<kThreads, kItems, kDense>(tile, first, K, out, out_stride);
@@ -205,6 +209,26 @@ __global__ void __launch_bounds__(kSplitThreads)
       a.valid_counts[t] = static_cast<int32_t>(total);
     }
   }
+}
+
+template <int kItems, bool kCompact, bool kDense, bool kCluster>
+__global__ void __launch_bounds__(kSplitThreads)
+    convert_split_kernel(const ConvertIndexArgs a, const FastDiv by_parts) {
+  convert_split<kItems, kCompact, kDense, kCluster>(a, by_parts);
+}
+
+/*!
+ * \brief convert_split of 8-column tiles, with registers for kWideSplitMinBlocks CTAs per
+ *        SM. Only these run many CTAs per SM (counted rows past two per SM), and their
+ *        gathers wait on memory, so occupancy pays more than registers: unbounded they
+ *        took 55 registers, 4 CTAs per SM (T = 16384, K = 2048, compact: 142 against
+ *        122 us). The narrower tiles keep the compiler's own choice (32 registers for 4
+ *        columns; bounds made it 39 or spill, and T = 256 slower).
+ */
+template <bool kCompact, bool kDense, bool kCluster>
+__global__ void __launch_bounds__(kSplitThreads, kWideSplitMinBlocks)
+    convert_split_wide_kernel(const ConvertIndexArgs a, const FastDiv by_parts) {
+  convert_split<8, kCompact, kDense, kCluster>(a, by_parts);
 }
 
 /*!
@@ -260,16 +284,27 @@ __global__ void __launch_bounds__(kThreads, kRowMinBlocks)
 
 std::atomic<int> g_plan_override{-1};
 
+//! The split kernel of kItems-column tiles.
+template <int kItems, bool kCompact, bool kDense, bool kCluster>
+constexpr auto split_kernel() {
+  if constexpr (kItems == 8) {
+    return convert_split_wide_kernel<kCompact, kDense, kCluster>;
+  } else {
+    return convert_split_kernel<kItems, kCompact, kDense, kCluster>;
+  }
+}
+
 template <int kItems, bool kCompact, bool kDense>
 void launch_split(const ConvertIndexArgs& a, int parts, bool cluster, cudaStream_t stream) {
   const unsigned grid = static_cast<unsigned>(a.token_indices.rows * parts);
+  const FastDiv by_parts(static_cast<uint32_t>(parts));
   if (cluster) {
-    launch_clustered_kernel(convert_split_kernel<kItems, kCompact, kDense, true>, grid,
+    launch_clustered_kernel(split_kernel<kItems, kCompact, kDense, true>(), grid,
                             kSplitThreads, parts, 0, stream, "convert_index kernel launch", a,
-                            parts);
+                            by_parts);
   } else {
-    launch_kernel(convert_split_kernel<kItems, false, kDense, false>, grid, kSplitThreads,
-                  stream, "convert_index kernel launch", a, parts);
+    launch_kernel(split_kernel<kItems, false, kDense, false>(), grid, kSplitThreads, stream,
+                  "convert_index kernel launch", a, by_parts);
   }
 }
 

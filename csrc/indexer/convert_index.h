@@ -44,6 +44,7 @@ struct ConvertIndexArgs {
  */
 struct ConvertRow {
   const int32_t* table_row = nullptr;  // null: no valid request
+  uint32_t blocks = 0;                 // the table row's columns (0: no valid request)
   int64_t workspace_base = -1;         // >= 0: prefill workspace row
 };
 
@@ -60,7 +61,12 @@ DSA_HD ConvertRow convert_row(const ConvertIndexArgs& a, int64_t t) {
   if (a.idx_mapping.present()) {
     req = (req >= 0 && req < a.idx_mapping.size) ? a.idx_mapping[req] : -1;
   }
-  if (req >= 0 && req < a.block_table.rows) row.table_row = a.block_table.row(req);
+  if (req >= 0 && req < a.block_table.rows) {
+    row.table_row = a.block_table.row(req);
+    // Block indices are < 2^31 (token positions are int32): a clamped count is exact.
+    row.blocks = static_cast<uint32_t>(a.block_table.cols < INT32_MAX ? a.block_table.cols
+                                                                       : INT32_MAX);
+  }
   return row;
 }
 
@@ -73,18 +79,20 @@ DSA_HD ConvertRow convert_row(const ConvertIndexArgs& a, int64_t t) {
  * slot negative or >= 2^31.
  */
 DSA_HD PagedSlot token_slot(const ConvertIndexArgs& a, const ConvertRow& row, int32_t tok) {
-  PagedSlot src;
-  if (tok < 0) return src;
-  DcpPosition pos{0, tok};
-  if (a.dcp.world != 1) pos = a.dcp.locate(tok);
-  if (row.workspace_base >= 0) {
+  // Computed for every token and selected at the end (no branch per token on the device):
+  // a negative token is computed as position 0 and then dropped.
+  const int32_t p = tok < 0 ? 0 : tok;
+  DcpPosition pos{0, p};
+  if (a.dcp.world != 1) pos = a.dcp.locate(p);
+  if (row.workspace_base >= 0) {  // the same for the whole row
+    if (tok < 0) return PagedSlot{};
     return direct_slot(pos.owner * a.workspace_rank_stride + row.workspace_base + pos.local);
   }
-  if (row.table_row == nullptr || pos.owner != a.rank) return src;
   const uint32_t blk = a.by_block_size.div(static_cast<uint32_t>(pos.local));
-  if (blk >= static_cast<uint64_t>(a.block_table.cols)) return src;
-  src.block = static_cast<int32_t>(blk);
-  src.offset = pos.local - static_cast<int32_t>(blk * a.by_block_size.d);
+  const bool valid = tok >= 0 && pos.owner == a.rank && blk < row.blocks;
+  PagedSlot src;
+  src.block = valid ? static_cast<int32_t>(blk) : -1;
+  src.offset = valid ? pos.local - static_cast<int32_t>(blk * a.by_block_size.d) : -1;
   return src;
 }
 
@@ -106,11 +114,11 @@ DSA_HD void convert_tokens(const ConvertIndexArgs& a, const ConvertRow& row, int
                            int64_t table_stride) {
   PagedSlot src[N];
   int32_t entry[N];
-#pragma unroll
+  DSA_UNROLL
   for (int j = 0; j < N; ++j) src[j] = token_slot(a, row, slot[j]);
-#pragma unroll
+  DSA_UNROLL
   for (int j = 0; j < N; ++j) entry[j] = paged_slot_entry(src[j], row.table_row, table_stride);
-#pragma unroll
+  DSA_UNROLL
   for (int j = 0; j < N; ++j) slot[j] = paged_slot_value(src[j], entry[j], a.block_stride);
 }
 

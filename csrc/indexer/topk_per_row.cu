@@ -39,6 +39,7 @@
 #include <string>
 #include <type_traits>
 
+#include "../common/warp_scan.h"
 #include "topk_per_row.h"
 
 namespace dsa {
@@ -56,9 +57,10 @@ constexpr int kLoadsInFlight = 8;           // 16-byte loads per thread per batc
 constexpr int kMaxPlanCluster = 8;
 constexpr int kMaxCluster = 16;
 //! Threshold-bin keys a CTA keeps as candidates (key and column, 8 bytes each): 2048 when
-//! the slice's keys fill shared memory (resident), 6144 when they do not (streamed: 48 KB,
-//! and two CTAs still fit an SM with 128K-column bitmaps).
-constexpr int64_t list_capacity(bool resident) { return resident ? 2048 : 6144; }
+//! the slice's keys fill shared memory (resident), 8192 when they do not (streamed: 64 KB;
+//! a 64K-column slice of 16 distinct values has 8K keys in its threshold bin, and two CTAs
+//! with 128K-column bitmaps still fit an SM).
+constexpr int64_t list_capacity(bool resident) { return resident ? 2048 : 10240; }
 //! Columns the two bitmaps of a CTA cover at most (32 KB); longer slices go in segments.
 constexpr int64_t kSegmentColumns = 131072;
 //! Keys per CTA at most: one CTA per SM (176 KB of keys, 11 KB of bitmaps, the candidates).
@@ -215,17 +217,6 @@ __device__ __forceinline__ void sum_groups(const uint32_t* hist, int bins, uint3
     for (int d = 16; d >= 1; d /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, d);
     if (lane == 0) groups[g] = sum;
   }
-}
-
-//! Sum of x over the lanes up to this one (a full warp calls it).
-__device__ __forceinline__ uint32_t warp_inclusive_sum(uint32_t x) {
-  const int lane = threadIdx.x % 32;
-#pragma unroll
-  for (int d = 1; d < 32; d *= 2) {
-    const uint32_t u = __shfl_up_sync(0xffffffffu, x, d);
-    if (lane >= d) x += u;
-  }
-  return x;
 }
 
 /*!
