@@ -57,9 +57,10 @@ constexpr int kLoadsInFlight = 8;           // 16-byte loads per thread per batc
 constexpr int kMaxPlanCluster = 8;
 constexpr int kMaxCluster = 16;
 //! Threshold-bin keys a CTA keeps as candidates (key and column, 8 bytes each): 2048 when
-//! the slice's keys fill shared memory (resident), 8192 when they do not (streamed: 64 KB;
-//! a 64K-column slice of 16 distinct values has 8K keys in its threshold bin, and two CTAs
-//! with 128K-column bitmaps still fit an SM).
+//! the slice's keys fill shared memory (resident), 10240 when they do not (streamed: 80 KB,
+//! and two CTAs of 64K-column slices still fit an SM). A 64K-column slice of 16 distinct
+//! integers holds about 8K keys in its threshold bin (the first digit keeps two mantissa
+//! bits: 14 and 15 share a bin); at 8192 half such CTAs overflowed and walked the slice.
 constexpr int64_t list_capacity(bool resident) { return resident ? 2048 : 10240; }
 //! Columns the two bitmaps of a CTA cover at most (32 KB); longer slices go in segments.
 constexpr int64_t kSegmentColumns = 131072;
