@@ -22,6 +22,7 @@
 #include <string>
 
 #include "../common/cluster_push.h"
+#include "../common/warp_scan.h"
 #include "convert_index.h"
 
 namespace dsa {
@@ -93,12 +94,7 @@ __device__ __forceinline__ void count_tile(Tile<kThreads, kItems>& tile, int* ru
   if (warp == 0) {  // exclusive scan of the kRuns counts, two per lane
     const int n0 = 2 * lane < kRuns ? run_offset[2 * lane] : 0;
     const int n1 = 2 * lane + 1 < kRuns ? run_offset[2 * lane + 1] : 0;
-    int incl = n0 + n1;
-#pragma unroll
-    for (int d = 1; d < 32; d *= 2) {
-      const int up = __shfl_up_sync(0xffffffffu, incl, d);
-      if (lane >= d) incl += up;
-    }
+    const int incl = warp_inclusive_sum(n0 + n1);
     __syncwarp();
     if (2 * lane < kRuns) run_offset[2 * lane] = incl - n0 - n1;
     if (2 * lane + 1 < kRuns) run_offset[2 * lane + 1] = incl - n1;
@@ -162,9 +158,8 @@ __device__ __forceinline__ void convert_split(const ConvertIndexArgs& a, const F
     push_arrive();
   }
 
-  const uint32_t row = by_parts.div(blockIdx.x);  // the grid has < 2^31 CTAs
-  const int64_t t = row;
-  const int part = static_cast<int>(blockIdx.x - row * by_parts.d);
+  const uint32_t t = by_parts.div(blockIdx.x);  // the grid has < 2^31 CTAs
+  const int part = static_cast<int>(blockIdx.x - t * by_parts.d);
   const int64_t K = a.token_indices.cols;
   const int64_t first = part * kTile;
   const int64_t out_stride = kDense ? 1 : a.out.col_stride;
