@@ -1,4 +1,4 @@
-// Warp-level prefix sums shared by the CUDA kernels.
+// Warp-level sums and prefix sums shared by the CUDA kernels.
 #pragma once
 
 #include <cstdint>
@@ -16,6 +16,14 @@ __device__ __forceinline__ T warp_inclusive_sum(T x) {
     const T u = __shfl_up_sync(0xffffffffu, x, d);
     if (lane >= d) x += u;
   }
+  return x;
+}
+
+//! Sum of x over the warp, in every lane (a full warp calls it).
+template <typename T>
+__device__ __forceinline__ T warp_sum(T x) {
+#pragma unroll
+  for (int d = 16; d >= 1; d /= 2) x += __shfl_xor_sync(0xffffffffu, x, d);
   return x;
 }
 

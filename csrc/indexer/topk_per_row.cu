@@ -116,13 +116,7 @@ __device__ __forceinline__ void block_scan2(SharedState& s, uint32_t a, uint32_t
                                             uint32_t& a_before, uint32_t& b_before,
                                             uint32_t& a_total, uint32_t& b_total) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  uint32_t ia = a, ib = b;
-#pragma unroll
-  for (int d = 1; d < 32; d *= 2) {
-    const uint32_t ua = __shfl_up_sync(0xffffffffu, ia, d);
-    const uint32_t ub = __shfl_up_sync(0xffffffffu, ib, d);
-    if (lane >= d) ia += ua, ib += ub;
-  }
+  const uint32_t ia = warp_inclusive_sum(a), ib = warp_inclusive_sum(b);
   if (lane == 31) s.warp_a[warp] = ia, s.warp_b[warp] = ib;
   __syncthreads();
   uint32_t wa = 0, wb = 0, ta = 0, tb = 0;
@@ -213,9 +207,7 @@ __device__ __forceinline__ void sum_groups(const uint32_t* hist, int bins, uint3
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   for (int g = warp; g < bins / kGroupBins; g += kWarps) {
     const uint2 q = reinterpret_cast<const uint2*>(hist + g * kGroupBins)[lane];
-    uint32_t sum = q.x + q.y;
-#pragma unroll
-    for (int d = 16; d >= 1; d /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, d);
+    const uint32_t sum = warp_sum(q.x + q.y);
     if (lane == 0) groups[g] = sum;
   }
 }
