@@ -63,6 +63,29 @@ def test_world_one_equals_plain_for_any_interleave(device):
         assert torch.equal(plain, dcp)
 
 
+# Layouts on both sides of the power-of-two path (block size, and world size and interleave
+# when W > 1, powers of two with W * BS <= 2^31: shifts, masks and one compare that also
+# rejects negative tokens) and of the general one, at the extremes of the token range. With
+# W * BS = 2^31 only block 0 is reachable, so a second table column catches a negative token
+# that the single compare would let through.
+@pytest.mark.parametrize("block_size,world,interleave", [
+    (64, 1, 1), (16, 1, 16), (3, 1, 1), (64, 4, 4), (12, 4, 4), (64, 3, 1), (64, 8, 64),
+    (2**28, 8, 1), (2**29, 8, 1), (2**30, 2, 2), (2**30, 1, 1), (3 * 2**28, 2, 1)])
+def test_pow2_and_general_layouts_at_the_extremes(device, block_size, world, interleave):
+    g = torch.Generator().manual_seed(block_size % 1000 + world)
+    edges = [-2**31, -2**31 + 1, -2**30, -block_size, -1, 0, 1, block_size - 1, block_size,
+             2**31 - block_size, 2**31 - 2, 2**31 - 1]
+    rand = torch.randint(-2**31, 2**31 - 1, (64,), generator=g, dtype=torch.int64).tolist()
+    small = torch.randint(-3, min(4 * block_size * world, 2**31 - 1), (64,), generator=g).tolist()
+    tok = torch.tensor([edges + rand + small] * 2, dtype=I32)
+    block_table = torch.tensor([[0, 1, 1], [1, 0, 1]], dtype=I32)
+    for rank in sorted({0, world - 1}):
+        for compact in (False, True):
+            run_both(device, torch.tensor([0, 1], dtype=I32), block_table, tok, block_size,
+                     dcp_world_size=world, dcp_rank=rank,
+                     interleave=interleave, compact=compact)
+
+
 def test_out_of_range_requests_and_mapping(device):
     block_table = torch.arange(8, dtype=I32).reshape(2, 4)
     tok = torch.tensor([[0, 1, 2, 3]] * 5, dtype=I32)

@@ -40,15 +40,31 @@ struct FastDiv {
     m = static_cast<uint32_t>(((1ull << 32) * ((1ull << l) - d)) / d + 1);
   }
 
+  //! d is a power of two: then d == 2^l, and div<true> / mod<true> are a shift and a mask.
+  DSA_HD bool pow2() const { return (d & (d - 1)) == 0; }
+
+  //! n / d. kPow2 (the caller checked pow2()): a shift, exact for any 32-bit n.
+  template <bool kPow2 = false>
   DSA_HD uint32_t div(uint32_t n) const {
+    if constexpr (kPow2) {
+      return n >> l;
+    } else {
 #if defined(__CUDA_ARCH__)
-    uint32_t hi = __umulhi(n, m);
+      const uint32_t hi = __umulhi(n, m);
 #else
-    uint32_t hi = static_cast<uint32_t>((static_cast<uint64_t>(n) * m) >> 32);
+      const uint32_t hi = static_cast<uint32_t>((static_cast<uint64_t>(n) * m) >> 32);
 #endif
-    return (hi + n) >> l;
+      return (hi + n) >> l;
+    }
   }
-  DSA_HD uint32_t mod(uint32_t n) const { return n - div(n) * d; }
+  template <bool kPow2 = false>
+  DSA_HD uint32_t mod(uint32_t n) const {
+    if constexpr (kPow2) {
+      return n & (d - 1);
+    } else {
+      return n - div(n) * d;
+    }
+  }
 };
 
 // ---------------------------------------------------------------------------------------
@@ -74,16 +90,24 @@ struct DcpLayout {
       : world(w), interleave(i), by_interleave(static_cast<uint32_t>(i)),
         by_world(static_cast<uint32_t>(w)) {}
 
+  //! W and I are powers of two (locate<true> may be used).
+  DSA_HD bool pow2() const { return by_interleave.pow2() && by_world.pow2(); }
+
   /*!
    * \brief owner = (p / I) % W and local = (p / (W*I)) * I + p % I, with two divisions:
-   *        p / (W*I) is (p / I) / W for non-negative p.
+   *        p / (W*I) is (p / I) / W for non-negative p. kPow2: pow2() holds (shifts and
+   *        masks).
    */
+  template <bool kPow2 = false>
   DSA_HD DcpPosition locate(int32_t p) const {
     const uint32_t up = static_cast<uint32_t>(p);
-    const uint32_t group = by_interleave.div(up);
-    const uint32_t within = up - group * static_cast<uint32_t>(interleave);
-    const uint32_t cycle = by_world.div(group);
-    return {static_cast<int32_t>(group - cycle * static_cast<uint32_t>(world)),
+    const uint32_t group = by_interleave.div<kPow2>(up);
+    const uint32_t within =
+        kPow2 ? by_interleave.mod<true>(up) : up - group * static_cast<uint32_t>(interleave);
+    const uint32_t cycle = by_world.div<kPow2>(group);
+    const uint32_t owner =
+        kPow2 ? by_world.mod<true>(group) : group - cycle * static_cast<uint32_t>(world);
+    return {static_cast<int32_t>(owner),
             static_cast<int32_t>(cycle * static_cast<uint32_t>(interleave) + within)};
   }
   //! Global position of local position q on rank r: (q / I) * (W*I) + r*I + q % I.

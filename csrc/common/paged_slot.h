@@ -34,12 +34,18 @@ DSA_HD int32_t paged_slot_entry(const PagedSlot& src, const int32_t* table_row,
   return src.block >= 0 ? load_read_only(table_row + src.block * col_stride) : 0;
 }
 
-//! The slot from the loaded entry, or -1 when entry * stride + offset is negative or
-//! >= 2^31.
+/*!
+ * \brief The slot from the loaded entry (paged_slot_entry's result), or -1 when
+ *        entry * stride + offset is negative or >= 2^31.
+ * \note  No branch on src.block: without a block the entry is 0, so the same expression is
+ *        src.offset, which is -1 or already in [0, 2^31). One 64-bit multiply-add and one
+ *        unsigned compare per slot (the kernels issue-bound on many rows pay per token).
+ */
 DSA_HD int32_t paged_slot_value(const PagedSlot& src, int32_t entry, int64_t stride) {
-  if (src.block < 0) return src.offset;
   const int64_t slot = static_cast<int64_t>(entry) * stride + src.offset;
-  return (slot >= 0 && slot <= INT32_MAX) ? static_cast<int32_t>(slot) : -1;
+  return static_cast<uint64_t>(slot) <= static_cast<uint64_t>(INT32_MAX)
+             ? static_cast<int32_t>(slot)
+             : -1;
 }
 
 }  // namespace dsa

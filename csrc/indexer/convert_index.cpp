@@ -3,13 +3,16 @@
 
 namespace dsa {
 
-void convert_index_cpu(const ConvertIndexArgs& a) {
+namespace {
+
+template <bool kPow2>
+void convert_rows_cpu(const ConvertIndexArgs& a) {
   const int64_t K = a.token_indices.cols;
   for (int64_t t = 0; t < a.token_indices.rows; ++t) {
     const ConvertRow row = convert_row(a, t);
     int64_t count = 0;
     for (int64_t c = 0; c < K; ++c) {
-      const int32_t slot = convert_token(a, row, a.token_indices(t, c));
+      const int32_t slot = convert_token<kPow2>(a, row, a.token_indices(t, c));
       if (!a.compact) {
         a.out(t, c) = slot;
         count += slot >= 0;
@@ -22,6 +25,13 @@ void convert_index_cpu(const ConvertIndexArgs& a) {
     }
     if (a.valid_counts.present()) a.valid_counts[t] = static_cast<int32_t>(count);
   }
+}
+
+}  // namespace
+
+// The instantiation the kernels take (convert_index_cuda), so that the CPU tests check it.
+void convert_index_cpu(const ConvertIndexArgs& a) {
+  convert_pow2(a) ? convert_rows_cpu<true>(a) : convert_rows_cpu<false>(a);
 }
 
 void convert_req_index_to_global_index(const Desc1& req_id, const Desc2& block_table,

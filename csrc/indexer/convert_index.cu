@@ -51,28 +51,49 @@ struct Tile {
   unsigned valid[kItems];
 };
 
-//! Issues the token loads of the tile of row t that starts at column `first`.
+// Column arithmetic is tile-relative: a tile's first column is applied once, in 64 bits, to
+// its row pointers, and a column inside a tile (< kThreads * kItems) is a 32-bit offset, so
+// that a dense tile's loads and stores are one base register plus immediates.
+
+/*!
+ * \brief `p`, opaque to the compiler's address arithmetic. Without it the 64-bit row and
+ *        tile offsets that made `p` are re-associated with each access's 32-bit offset into
+ *        one 64-bit index per access (add, sign extension, shift-add: four instructions per
+ *        token) instead of one base register and an immediate or one wide multiply-add.
+ */
+template <typename T>
+__device__ __forceinline__ T* address_base(T* p) {
+  asm("" : "+l"(p));
+  __builtin_assume(__isGlobal(p));  // still a global pointer: STG, not a generic ST
+  return p;
+}
+
+/*!
+ * \brief Issues the token loads of a tile whose first column is `in` (columns [0, live)
+ *        exist): thread i loads columns j * kThreads + i.
+ */
 template <int kThreads, int kItems, bool kDense>
-__device__ __forceinline__ void load_tile(const ConvertIndexArgs& a, int64_t t, int64_t first,
+__device__ __forceinline__ void load_tile(const int32_t* in, int32_t live, int64_t in_stride,
                                           Tile<kThreads, kItems>& tile) {
-  const int64_t K = a.token_indices.cols;
-  const int32_t* in = a.token_indices.row(t);
-  const int64_t in_stride = kDense ? 1 : a.token_indices.col_stride;
+  const int32_t i = static_cast<int32_t>(threadIdx.x);
+  const int32_t left = live - i;  // item j exists when j * kThreads < left
+  const int32_t* mine = address_base(in + (kDense ? i : i * in_stride));
 #pragma unroll
   for (int j = 0; j < kItems; ++j) {
-    const int64_t c = first + j * kThreads + threadIdx.x;
     // Token ids are read once: stream them (evict-first) so that L1 keeps the block-table
     // row that every token of the row gathers from.
-    tile.slot[j] = c < K ? __ldcs(in + c * in_stride) : -1;
+    tile.slot[j] = j * kThreads < left
+                       ? __ldcs(mine + (kDense ? j * kThreads : j * kThreads * in_stride))
+                       : -1;
   }
 }
 
 //! Token ids -> slots (convert_tokens). kDenseTable: the table's column stride is known to
 //! be 1.
-template <int kThreads, int kItems, bool kDenseTable>
+template <int kThreads, int kItems, bool kDenseTable, bool kPow2>
 __device__ __forceinline__ void convert_loaded(const ConvertIndexArgs& a, const ConvertRow& row,
                                                Tile<kThreads, kItems>& tile) {
-  convert_tokens(a, row, tile.slot, kDenseTable ? 1 : a.block_table.col_stride);
+  convert_tokens<kPow2, true>(a, row, tile.slot, kDenseTable ? 1 : a.block_table.col_stride);
 }
 
 /*!
@@ -103,33 +124,54 @@ __device__ __forceinline__ void count_tile(Tile<kThreads, kItems>& tile, int* ru
   __syncthreads();
 }
 
-//! Writes the tile's valid slots compacted, the first at out[base] (column order kept).
+//! Writes the tile's valid slots compacted, the first at out[0] (column order kept).
 template <int kThreads, int kItems, bool kDense>
 __device__ __forceinline__ void store_compacted(const Tile<kThreads, kItems>& tile,
-                                                const int* run_offset, int64_t base,
-                                                int32_t* out, int64_t out_stride) {
+                                                const int* run_offset, int32_t* out,
+                                                int64_t out_stride) {
   constexpr int kWarps = Tile<kThreads, kItems>::kWarps;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const unsigned lanes_below = (1u << lane) - 1u;
+  out = address_base(out);
 #pragma unroll
   for (int j = 0; j < kItems; ++j) {
-    if (tile.slot[j] >= 0) {
-      const int64_t pos =
-          base + run_offset[j * kWarps + warp] + __popc(tile.valid[j] & lanes_below);
-      out[(kDense ? pos : pos * out_stride)] = tile.slot[j];
-    }
+    // The position within the tile (< its column count) is computed unconditionally, so
+    // only the store is predicated.
+    const int32_t pos = run_offset[j * kWarps + warp] + __popc(tile.valid[j] & lanes_below);
+    if (tile.slot[j] >= 0) out[(kDense ? pos : pos * out_stride)] = tile.slot[j];
   }
 }
 
 //! Writes the tile's slots in place (column c of the input -> column c of the output).
 template <int kThreads, int kItems, bool kDense>
-__device__ __forceinline__ void store_in_place(const Tile<kThreads, kItems>& tile,
-                                               int64_t first, int64_t K, int32_t* out,
-                                               int64_t out_stride) {
+__device__ __forceinline__ void store_in_place(const Tile<kThreads, kItems>& tile, int32_t live,
+                                               int32_t* out, int64_t out_stride) {
+  const int32_t i = static_cast<int32_t>(threadIdx.x);
+  const int32_t left = live - i;
+  int32_t* mine = address_base(out + (kDense ? i : i * out_stride));
 #pragma unroll
   for (int j = 0; j < kItems; ++j) {
-    const int64_t c = first + j * kThreads + threadIdx.x;
-    if (c < K) out[(kDense ? c : c * out_stride)] = tile.slot[j];
+    if (j * kThreads < left) mine[kDense ? j * kThreads : j * kThreads * out_stride] = tile.slot[j];
+  }
+}
+
+/*!
+ * \brief Writes -1 to the columns of a tile (first column `out`) in [from, live), from <=
+ *        live.
+ * \note  One unsigned compare per column (c - from < live - from), not the two bounds: the
+ *        bound `live` is also the loads' predicate, which the compiler would otherwise keep
+ *        live in predicate registers through the whole conversion.
+ */
+template <int kThreads, int kItems, bool kDense>
+__device__ __forceinline__ void fill_columns(int32_t from, int32_t live, int32_t* out,
+                                             int64_t out_stride) {
+  const int32_t i = static_cast<int32_t>(threadIdx.x);
+  const uint32_t base = static_cast<uint32_t>(i - from);
+  const uint32_t n = static_cast<uint32_t>(live - from);
+  int32_t* mine = address_base(out + (kDense ? i : i * out_stride));
+#pragma unroll
+  for (int j = 0; j < kItems; ++j) {
+    if (base + j * kThreads < n) mine[kDense ? j * kThreads : j * kThreads * out_stride] = -1;
   }
 }
 
@@ -143,11 +185,11 @@ __device__ __forceinline__ void store_in_place(const Tile<kThreads, kItems>& til
  * aliases the input is written only after every part of the row has read its tile: a part
  * sends its count only once its tile's loads have returned.
  */
-template <int kItems, bool kCompact, bool kDense, bool kCluster>
+template <int kItems, bool kCompact, bool kDense, bool kCluster, bool kPow2>
 __device__ __forceinline__ void convert_split(const ConvertIndexArgs& a, const FastDiv by_parts) {
   constexpr int kThreads = kSplitThreads;
   constexpr int kRuns = Tile<kThreads, kItems>::kRuns;
-  constexpr int64_t kTile = static_cast<int64_t>(kThreads) * kItems;
+  constexpr int32_t kTile = kThreads * kItems;
   __shared__ int run_offset[kRuns + 1];
   __shared__ uint32_t part_count[kMaxParts];  // the other parts' counts, pushed
   __shared__ uint64_t counts_landed;
@@ -160,16 +202,23 @@ __device__ __forceinline__ void convert_split(const ConvertIndexArgs& a, const F
 
   const uint32_t t = by_parts.div(blockIdx.x);  // the grid has < 2^31 CTAs
   const int part = static_cast<int>(blockIdx.x - t * by_parts.d);
-  const int64_t K = a.token_indices.cols;
-  const int64_t first = part * kTile;
+  // A split row has at most kMaxParts tiles of at most 8 * kThreads columns (convert_plan):
+  // its column indices are 32-bit. Row offsets (t * row_stride) stay 64-bit.
+  const int32_t K = static_cast<int32_t>(a.token_indices.cols);
+  const int32_t first = part * kTile;
+  const int32_t live = K - first;  // > 0; the tile's columns past it do not exist
+  const int64_t in_stride = kDense ? 1 : a.token_indices.col_stride;
   const int64_t out_stride = kDense ? 1 : a.out.col_stride;
   int32_t* out = a.out.row(t);
+  int32_t* out_tile = out + (kDense ? first : first * out_stride);
 
   Tile<kThreads, kItems> tile;
-  load_tile<kThreads, kItems, kDense>(a, t, first, tile);  // every load before the row lookup
-  convert_loaded<kThreads, kItems, kDense>(a, convert_row(a, t), tile);
+  // Every load before the row lookup.
+  load_tile<kThreads, kItems, kDense>(
+      a.token_indices.row(t) + (kDense ? first : first * in_stride), live, in_stride, tile);
+  convert_loaded<kThreads, kItems, kDense, kPow2>(a, convert_row(a, t), tile);
   if constexpr (!kCluster) {
-    store_in_place<kThreads, kItems, kDense>(tile, first, K, out, out_stride);
+    store_in_place<kThreads, kItems, kDense>(tile, live, out_tile, out_stride);
   } else {
     count_tile<kThreads, kItems>(tile, run_offset);
     int count = run_offset[kRuns], below = 0;
@@ -188,28 +237,28 @@ __device__ __forceinline__ void convert_split(const ConvertIndexArgs& a, const F
         below += __shfl_xor_sync(0xffffffffu, below, d);
       }
     }
-    const int64_t total = count;
+    const int32_t total = count;
     if constexpr (kCompact) {
-      store_compacted<kThreads, kItems, kDense>(tile, run_offset, below, out, out_stride);
-      // This part also owns the -1 tail inside its own columns.
-#pragma unroll
-      for (int j = 0; j < kItems; ++j) {
-        const int64_t c = first + j * kThreads + threadIdx.x;
-        if (c >= total && c < K) out[(kDense ? c : c * out_stride)] = -1;
-      }
+      store_compacted<kThreads, kItems, kDense>(tile, run_offset,
+                                                out + (kDense ? below : below * out_stride),
+                                                out_stride);
+      // This part also owns the -1 tail inside its own columns (tile-relative: from
+      // total - first, which may be negative, to live).
+      const int32_t from = total - first;
+      if (from < live) fill_columns<kThreads, kItems, kDense>(from, live, out_tile, out_stride);
     } else {
-      store_in_place<kThreads, kItems, kDense>(tile, first, K, out, out_stride);
+      store_in_place<kThreads, kItems, kDense>(tile, live, out_tile, out_stride);
     }
     if (part == 0 && threadIdx.x == 0 && a.valid_counts.present()) {
-      a.valid_counts[t] = static_cast<int32_t>(total);
+      a.valid_counts[t] = total;
     }
   }
 }
 
-template <int kItems, bool kCompact, bool kDense, bool kCluster>
+template <int kItems, bool kCompact, bool kDense, bool kCluster, bool kPow2>
 __global__ void __launch_bounds__(kSplitThreads)
     convert_split_kernel(const ConvertIndexArgs a, const FastDiv by_parts) {
-  convert_split<kItems, kCompact, kDense, kCluster>(a, by_parts);
+  convert_split<kItems, kCompact, kDense, kCluster, kPow2>(a, by_parts);
 }
 
 /*!
@@ -220,17 +269,17 @@ __global__ void __launch_bounds__(kSplitThreads)
  *        122 us). The narrower tiles keep the compiler's own choice (32 registers for 4
  *        columns; bounds made it 39 or spill, and T = 256 slower).
  */
-template <bool kCompact, bool kDense, bool kCluster>
+template <bool kCompact, bool kDense, bool kCluster, bool kPow2>
 __global__ void __launch_bounds__(kSplitThreads, kWideSplitMinBlocks)
     convert_split_wide_kernel(const ConvertIndexArgs a, const FastDiv by_parts) {
-  convert_split<8, kCompact, kDense, kCluster>(a, by_parts);
+  convert_split<8, kCompact, kDense, kCluster, kPow2>(a, by_parts);
 }
 
 /*!
  * \brief One CTA per row (grid-stride over rows), looping over the row's tiles with the
  *        running valid count; the compacted tail is filled with -1 after the last tile.
  */
-template <int kThreads, bool kCompact, bool kDense>
+template <int kThreads, bool kCompact, bool kDense, bool kPow2>
 __global__ void __launch_bounds__(kThreads, kRowMinBlocks)
     convert_row_kernel(const ConvertIndexArgs a) {
   constexpr int kItems = kRowItems;
@@ -240,23 +289,30 @@ __global__ void __launch_bounds__(kThreads, kRowMinBlocks)
   await_previous_kernel();
 
   const int64_t K = a.token_indices.cols;
+  const int64_t in_stride = kDense ? 1 : a.token_indices.col_stride;
   const int64_t out_stride = kDense ? 1 : a.out.col_stride;
   const bool need_count = kCompact || a.valid_counts.present();
+  // The columns of the tile at `first` that exist (K may be 2^31 or more: 64-bit here).
+  const auto live = [&](int64_t first) {
+    return static_cast<int32_t>(K - first < kTile ? K - first : kTile);
+  };
 
   for (int64_t t = blockIdx.x; t < a.token_indices.rows; t += gridDim.x) {
+    const int32_t* in = a.token_indices.row(t);
     int32_t* out = a.out.row(t);
     int64_t row_count = 0;
     Tile<kThreads, kItems> tile;
-    load_tile<kThreads, kItems, kDense>(a, t, 0, tile);
+    load_tile<kThreads, kItems, kDense>(in, live(0), in_stride, tile);
     const ConvertRow row = convert_row(a, t);
     for (int64_t first = 0;;) {
-      convert_loaded<kThreads, kItems, kDense>(a, row, tile);
+      convert_loaded<kThreads, kItems, kDense, kPow2>(a, row, tile);
       if (need_count) count_tile<kThreads, kItems>(tile, run_offset);
       if constexpr (kCompact) {
-        store_compacted<kThreads, kItems, kDense>(tile, run_offset, row_count, out,
-                                                  out_stride);
+        store_compacted<kThreads, kItems, kDense>(
+            tile, run_offset, out + (kDense ? row_count : row_count * out_stride), out_stride);
       } else {
-        store_in_place<kThreads, kItems, kDense>(tile, first, K, out, out_stride);
+        store_in_place<kThreads, kItems, kDense>(
+            tile, live(first), out + (kDense ? first : first * out_stride), out_stride);
       }
       if (need_count) {
         row_count += run_offset[kRuns];
@@ -264,7 +320,8 @@ __global__ void __launch_bounds__(kThreads, kRowMinBlocks)
       }
       first += kTile;
       if (first >= K) break;
-      load_tile<kThreads, kItems, kDense>(a, t, first, tile);
+      load_tile<kThreads, kItems, kDense>(in + (kDense ? first : first * in_stride), live(first),
+                                          in_stride, tile);
     }
     if constexpr (kCompact) {
       for (int64_t c = row_count + threadIdx.x; c < K; c += kThreads) {
@@ -280,44 +337,50 @@ __global__ void __launch_bounds__(kThreads, kRowMinBlocks)
 std::atomic<int> g_plan_override{-1};
 
 //! The split kernel of kItems-column tiles.
-template <int kItems, bool kCompact, bool kDense, bool kCluster>
+template <int kItems, bool kCompact, bool kDense, bool kCluster, bool kPow2>
 constexpr auto split_kernel() {
   if constexpr (kItems == 8) {
-    return convert_split_wide_kernel<kCompact, kDense, kCluster>;
+    return convert_split_wide_kernel<kCompact, kDense, kCluster, kPow2>;
   } else {
-    return convert_split_kernel<kItems, kCompact, kDense, kCluster>;
+    return convert_split_kernel<kItems, kCompact, kDense, kCluster, kPow2>;
   }
 }
 
-template <int kItems, bool kCompact, bool kDense>
+template <int kItems, bool kCompact, bool kDense, bool kPow2>
 void launch_split(const ConvertIndexArgs& a, int parts, bool cluster, cudaStream_t stream) {
   const unsigned grid = static_cast<unsigned>(a.token_indices.rows * parts);
   const FastDiv by_parts(static_cast<uint32_t>(parts));
   if (cluster) {
-    launch_clustered_kernel(split_kernel<kItems, kCompact, kDense, true>(), grid,
+    launch_clustered_kernel(split_kernel<kItems, kCompact, kDense, true, kPow2>(), grid,
                             kSplitThreads, parts, 0, stream, "convert_index kernel launch", a,
                             by_parts);
   } else {
-    launch_kernel(split_kernel<kItems, false, kDense, false>(), grid, kSplitThreads, stream,
-                  "convert_index kernel launch", a, by_parts);
+    launch_kernel(split_kernel<kItems, false, kDense, false, kPow2>(), grid, kSplitThreads,
+                  stream, "convert_index kernel launch", a, by_parts);
   }
 }
 
-template <bool kCompact, bool kDense>
+template <bool kCompact, bool kDense, bool kPow2>
 void launch_plan(const ConvertIndexArgs& a, const ConvertPlan& plan, cudaStream_t stream) {
   if (plan.split_items > 0) {
     const bool cluster = kCompact || a.valid_counts.present();
     switch (plan.split_items) {
-      case 1: return launch_split<1, kCompact, kDense>(a, plan.parts, cluster, stream);
-      case 2: return launch_split<2, kCompact, kDense>(a, plan.parts, cluster, stream);
-      case 4: return launch_split<4, kCompact, kDense>(a, plan.parts, cluster, stream);
-      default: return launch_split<8, kCompact, kDense>(a, plan.parts, cluster, stream);
+      case 1: return launch_split<1, kCompact, kDense, kPow2>(a, plan.parts, cluster, stream);
+      case 2: return launch_split<2, kCompact, kDense, kPow2>(a, plan.parts, cluster, stream);
+      case 4: return launch_split<4, kCompact, kDense, kPow2>(a, plan.parts, cluster, stream);
+      default: return launch_split<8, kCompact, kDense, kPow2>(a, plan.parts, cluster, stream);
     }
   }
   const unsigned grid = static_cast<unsigned>(
       a.token_indices.rows < kMaxGridX ? a.token_indices.rows : kMaxGridX);
-  launch_kernel(convert_row_kernel<kRowThreads, kCompact, kDense>, grid, kRowThreads, stream,
-                "convert_index kernel launch", a);
+  launch_kernel(convert_row_kernel<kRowThreads, kCompact, kDense, kPow2>, grid, kRowThreads,
+                stream, "convert_index kernel launch", a);
+}
+
+template <bool kCompact, bool kDense>
+void launch_plan(const ConvertIndexArgs& a, const ConvertPlan& plan, cudaStream_t stream) {
+  convert_pow2(a) ? launch_plan<kCompact, kDense, true>(a, plan, stream)
+                  : launch_plan<kCompact, kDense, false>(a, plan, stream);
 }
 
 }  // namespace

@@ -78,28 +78,70 @@ DSA_HD ConvertRow convert_row(const ConvertIndexArgs& a, int64_t t) {
  * Invalid (no slot): tok < 0; another rank owns tok (decode rows); block index past the
  * table; and, in paged_slot_value, a block-table entry or workspace base that makes the
  * slot negative or >= 2^31.
+ *
+ * kPow2 (convert_pow2(a) holds): the divisions by the block size, interleave and world
+ * size are shifts and masks, and one unsigned compare rejects both a negative token and a
+ * block past the table (below). The kernels and the CPU loop take the same instantiation
+ * (convert_pow2), so the CPU tests check the arithmetic the device runs.
+ *
+ * kWorldOne: the caller has checked a.dcp.world == 1 (the compiler does not carry that
+ * check of a kernel parameter into this code on its own).
  */
+template <bool kPow2 = false, bool kWorldOne = false>
 DSA_HD PagedSlot token_slot(const ConvertIndexArgs& a, const ConvertRow& row, int32_t tok) {
-  // Computed for every token and selected at the end (no branch per token on the device):
-  // a negative token is computed as position 0 and then dropped.
-  const int32_t p = tok < 0 ? 0 : tok;
+  // Computed for every token and selected at the end (no branch per token on the device).
+  // The general division needs a position below 2^31: a negative token is computed as
+  // position 0 and then dropped. Shifts and masks are exact for any 32-bit value.
+  const int32_t p = kPow2 || tok >= 0 ? tok : 0;
+  const bool one = kWorldOne || a.dcp.world == 1;
   DcpPosition pos{0, p};
-  if (a.dcp.world != 1) pos = a.dcp.locate(p);
+  if (!one) pos = a.dcp.locate<kPow2>(p);
   if (row.workspace_base >= 0) {  // the same for the whole row
     if (tok < 0) return PagedSlot{};
     return direct_slot(pos.owner * a.workspace_rank_stride + row.workspace_base + pos.local);
   }
-  const uint32_t blk = a.by_block_size.div(static_cast<uint32_t>(pos.local));
-  const bool valid = tok >= 0 && pos.owner == a.rank && blk < row.blocks;
+  const uint32_t local = static_cast<uint32_t>(pos.local);
+  const uint32_t blk = a.by_block_size.div<kPow2>(local);
+  // With a world of 1 every owner is 0: the owner test is then one per row, folded into
+  // the block count (no block for a rank other than 0).
+  uint32_t blocks = one && a.rank != 0 ? 0u : row.blocks;
+  bool valid;
+  if constexpr (kPow2) {
+    // As an unsigned position a negative token is >= 2^31, and its rank-local position
+    // >= 2^31 / W (locate's shifts), so its block is >= 2^31 / (W * BS); the block of a
+    // position below 2^31 is below that. With the count clamped to it, blk < blocks also
+    // rejects negative tokens (W * BS <= 2^31: convert_pow2).
+    const uint32_t reach = 0x80000000u >> ((one ? 0u : a.dcp.by_world.l) + a.by_block_size.l);
+    blocks = blocks < reach ? blocks : reach;
+    valid = blk < blocks && (one || pos.owner == a.rank);
+  } else {
+    valid = tok >= 0 && blk < blocks && (one || pos.owner == a.rank);
+  }
+  const uint32_t within =
+      kPow2 ? a.by_block_size.mod<true>(local) : local - blk * a.by_block_size.d;
   PagedSlot src;
   src.block = valid ? static_cast<int32_t>(blk) : -1;
-  src.offset = valid ? pos.local - static_cast<int32_t>(blk * a.by_block_size.d) : -1;
+  src.offset = valid ? static_cast<int32_t>(within) : -1;
   return src;
 }
 
+/*!
+ * \brief Whether token_slot<true> applies: the block size is a power of two, and so are the
+ *        interleave and world size when the world is not 1 (locate is skipped at 1); and
+ *        W * BS and W * I are at most 2^31, which token_slot<true>'s single compare and
+ *        locate<true> need.
+ */
+inline bool convert_pow2(const ConvertIndexArgs& a) {
+  const uint64_t w = static_cast<uint64_t>(a.dcp.world);
+  const uint64_t limit = uint64_t{1} << 31;
+  return a.by_block_size.pow2() && (a.dcp.world == 1 || a.dcp.pow2()) &&
+         w * a.by_block_size.d <= limit && w * static_cast<uint64_t>(a.dcp.interleave) <= limit;
+}
+
 //! Slot of token position `tok` for one row, or -1 (both steps, one after the other).
+template <bool kPow2 = false>
 DSA_HD int32_t convert_token(const ConvertIndexArgs& a, const ConvertRow& row, int32_t tok) {
-  const PagedSlot src = token_slot(a, row, tok);
+  const PagedSlot src = token_slot<kPow2>(a, row, tok);
   return paged_slot_value(src, paged_slot_entry(src, row.table_row, a.block_table.col_stride),
                           a.block_stride);
 }
@@ -109,14 +151,24 @@ DSA_HD int32_t convert_token(const ConvertIndexArgs& a, const ConvertRow& row, i
  *        block-table load is issued before the first is used, so N gathers cost one round
  *        trip, not N. `table_stride` is the table's column stride (a constant 1 saves the
  *        multiply).
+ *
+ * kUnswitch: the common row, a decode row without DCP (world 1, no workspace), is tested
+ * once for the N tokens and converted by a copy of the loop that knows it, without a branch
+ * per token. It costs code and, for some callers, registers (the per-row top-K's staged
+ * conversion does without it).
  */
-template <int N>
+template <bool kPow2 = false, bool kUnswitch = false, int N>
 DSA_HD void convert_tokens(const ConvertIndexArgs& a, const ConvertRow& row, int32_t (&slot)[N],
                            int64_t table_stride) {
   PagedSlot src[N];
   int32_t entry[N];
-  DSA_UNROLL
-  for (int j = 0; j < N; ++j) src[j] = token_slot(a, row, slot[j]);
+  if (kUnswitch && a.dcp.world == 1 && row.workspace_base < 0) {
+    DSA_UNROLL
+    for (int j = 0; j < N; ++j) src[j] = token_slot<kPow2, true>(a, row, slot[j]);
+  } else {
+    DSA_UNROLL
+    for (int j = 0; j < N; ++j) src[j] = token_slot<kPow2>(a, row, slot[j]);
+  }
   DSA_UNROLL
   for (int j = 0; j < N; ++j) entry[j] = paged_slot_entry(src[j], row.table_row, table_stride);
   DSA_UNROLL
