@@ -5,7 +5,9 @@
 // implementations cannot drift (docs/ops.md section 1).
 //
 // Symbols: W = DCP world size, r = rank, I = interleave, BS = block size.
-// Position p lives on rank (p / I) % W. All positions handled here are >= 0 and < 2^31.
+// Position p lives on rank (p / I) % W. The general (multiply-high) divisions take
+// positions in [0, 2^31); the power-of-two forms (shifts and masks) are exact for any 32-bit
+// value, which token_slot<true> relies on for negative tokens.
 #pragma once
 
 #include <cstdint>
