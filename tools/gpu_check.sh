@@ -6,7 +6,7 @@
 #   DSA_EXT_ARCHS=90a-real: build for that arch list only)
 #   OUT_DIR receives build.log, selfcheck.log, pytest.log, sanitizer.log (memcheck,
 #   racecheck and initcheck), bench.txt, side_by_side.txt / .json (vLLM's kernels beside
-#   dsa_ext's on the same inputs, when .peers/ holds the harness of ../shared/peers),
+#   dsa_ext's on the same inputs, and the launch floor: tools/side_by_side_floor.py; when .peers/ holds the harness of ../shared/peers),
 #   topk_side_by_side.txt / .json (vLLM's per-row top-K beside dsa_ext's, when VLLM_SO
 #   names its unpacked library), deepgemm/ (DeepGEMM built from source and checked against
 #   dsa_ext's decode path, when DSA_EXT_DEEPGEMM_SRC names what tools/deepgemm_fetch.sh
@@ -79,7 +79,7 @@ STATUS[side_by_side]=0
 if [ "${DSA_EXT_SKIP_BENCH:-0}" != 1 ] && [ -f "$REPO/.peers/side_by_side.py" ]; then
   cd "$REPO/.peers"
   step side_by_side side_by_side.txt env VLLM_SRC="$REPO/.peers/vllm" \
-    timeout 400 $PY side_by_side.py --json "$OUT/side_by_side.json"
+    timeout 400 $PY "$REPO/tools/side_by_side_floor.py" --json "$OUT/side_by_side.json"
   cd /tmp
 fi
 # vLLM's compiled per-row top-K beside dsa_ext's (VLLM_SO: its unpacked library, see
