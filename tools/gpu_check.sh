@@ -6,7 +6,8 @@
 #   DSA_EXT_ARCHS=90a-real: build for that arch list only)
 #   OUT_DIR receives build.log, selfcheck.log, pytest.log, sanitizer.log (memcheck,
 #   racecheck and initcheck), bench.txt, side_by_side.txt / .json (vLLM's kernels beside
-#   dsa_ext's on the same inputs, and the launch floor: tools/side_by_side_floor.py; when .peers/ holds the harness of ../shared/peers),
+#   dsa_ext's on the same inputs, with the launch floor: tools/side_by_side_floor.py; when
+#   .peers/ holds the harness of ../shared/peers),
 #   topk_side_by_side.txt / .json (vLLM's per-row top-K beside dsa_ext's, when VLLM_SO
 #   names its unpacked library), deepgemm/ (DeepGEMM built from source and checked against
 #   dsa_ext's decode path, when DSA_EXT_DEEPGEMM_SRC names what tools/deepgemm_fetch.sh
