@@ -231,11 +231,8 @@ __device__ __forceinline__ void convert_split(const ConvertIndexArgs& a, const F
       const int lane = threadIdx.x % 32;
       count = lane < parts ? (lane == part ? count : static_cast<int>(part_count[lane])) : 0;
       below = lane < part ? count : 0;
-#pragma unroll
-      for (int d = 16; d >= 1; d /= 2) {
-        count += __shfl_xor_sync(0xffffffffu, count, d);
-        below += __shfl_xor_sync(0xffffffffu, below, d);
-      }
+      count = warp_sum(count);
+      below = warp_sum(below);
     }
     const int32_t total = count;
     if constexpr (kCompact) {

@@ -421,10 +421,7 @@ __device__ __forceinline__ ClusterSums cluster_exchange(SharedState& s, int slot
       if (static_cast<int>(threadIdx.x) < rank) v[0] = v[2], v[1] = v[3];
     }
 #pragma unroll
-    for (int d = 16; d >= 1; d /= 2) {
-#pragma unroll
-      for (int q = 0; q < 4; ++q) v[q] += __shfl_xor_sync(0xffffffffu, v[q], d);
-    }
+    for (int q = 0; q < 4; ++q) v[q] = warp_sum(v[q]);
     if (threadIdx.x == 0) {
       for (int q = 0; q < 4; ++q) s.sums[q] = v[q];
     }
