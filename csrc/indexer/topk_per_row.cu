@@ -698,15 +698,13 @@ __global__ void __launch_bounds__(kThreads, 1024 / kThreads)  // 64 registers
     } else {
       // Compaction keeps column order: a slot's place is the valid slots of the CTAs before
       // (the exchange), of the chunks before, and of the threads before in its chunk.
+      // Count first. One chunk (staged) keeps its slots and scan for the writes below.
       uint32_t valid_before = 0, cta_valid = 0, unused_b, unused_t;
-      for (int64_t c = 0; c < chunks && chunks > 1; ++c) {  // several chunks: count first
+      for (int64_t c = 0; c < chunks; ++c) {
         stage_chunk(c);
         uint32_t chunk_valid;
         block_scan2(s, convert_chunk(c), 0, valid_before, unused_b, chunk_valid, unused_t);
         cta_valid += chunk_valid;
-      }
-      if (chunks == 1) {
-        block_scan2(s, convert_chunk(0), 0, valid_before, unused_b, cta_valid, unused_t);
       }
       const ClusterSums sums = cluster_exchange(s, 1, cluster, rank, cta_valid, 0, true);
       int64_t chunk_base = sums.x_before;
