@@ -161,41 +161,53 @@ struct RowSlice {
   }
 };
 
-/*!
- * \brief Loads the slice's keys into shared memory (resident) and counts the first
- *        digit into `hist`; streamed, only counts.
- */
-template <typename Bits, bool kResident>
-__device__ __forceinline__ void load_and_count(const Bits* src, uint32_t n, uint32_t* keys,
-                                               uint32_t* hist) {
-  auto take = [&](uint32_t j, Bits bits) {
-    const uint32_t key = score_key(bits);
-    if constexpr (kResident) keys[j] = key;
-    atomicAdd(&hist[key >> 21], 1u);
-  };
+//! Where the 16-byte vectors of a slice of `n` columns at `src` lie: `head` columns before
+//! the first aligned one, `vectors` vectors, then the columns from `tail` on.
+struct VectorLayout {
+  uint32_t head, vectors, tail;
+};
+
+template <typename Bits>
+__device__ __forceinline__ VectorLayout vector_layout(const Bits* src, uint32_t n) {
   constexpr int kPerVector = 16 / sizeof(Bits);
   const uintptr_t address = reinterpret_cast<uintptr_t>(src);
   uint32_t head = static_cast<uint32_t>(((16 - address % 16) % 16) / sizeof(Bits));
   if (head > n) head = n;
   const uint32_t vectors = (n - head) / kPerVector;
-  const uint32_t tail = head + vectors * kPerVector;
-  if (threadIdx.x < head) take(threadIdx.x, src[threadIdx.x]);
-  if (threadIdx.x < n - tail) take(tail + threadIdx.x, src[tail + threadIdx.x]);
-  const uint4* body = reinterpret_cast<const uint4*>(src + head);
-  for (uint32_t first = threadIdx.x; first < vectors; first += kThreads * kLoadsInFlight) {
+  return {head, vectors, head + vectors * kPerVector};
+}
+
+/*!
+ * \brief Resident plans: loads the slice's keys into shared memory and counts the first
+ *        digit into `hist`.
+ */
+template <typename Bits>
+__device__ __forceinline__ void load_and_count(const Bits* src, uint32_t n, uint32_t* keys,
+                                               uint32_t* hist) {
+  auto take = [&](uint32_t j, Bits bits) {
+    const uint32_t key = score_key(bits);
+    keys[j] = key;
+    atomicAdd(&hist[key >> 21], 1u);
+  };
+  constexpr int kPerVector = 16 / sizeof(Bits);
+  const VectorLayout l = vector_layout(src, n);
+  if (threadIdx.x < l.head) take(threadIdx.x, src[threadIdx.x]);
+  if (threadIdx.x < n - l.tail) take(l.tail + threadIdx.x, src[l.tail + threadIdx.x]);
+  const uint4* body = reinterpret_cast<const uint4*>(src + l.head);
+  for (uint32_t first = threadIdx.x; first < l.vectors; first += kThreads * kLoadsInFlight) {
     uint4 v[kLoadsInFlight];
 #pragma unroll
     for (int u = 0; u < kLoadsInFlight; ++u) {
       const uint32_t i = first + u * kThreads;
-      if (i < vectors) v[u] = kResident ? __ldcs(body + i) : __ldg(body + i);
+      if (i < l.vectors) v[u] = __ldcs(body + i);
     }
 #pragma unroll
     for (int u = 0; u < kLoadsInFlight; ++u) {
       const uint32_t i = first + u * kThreads;
-      if (i < vectors) {
+      if (i < l.vectors) {
         const Bits* lanes = reinterpret_cast<const Bits*>(&v[u]);
 #pragma unroll
-        for (int e = 0; e < kPerVector; ++e) take(head + i * kPerVector + e, lanes[e]);
+        for (int e = 0; e < kPerVector; ++e) take(l.head + i * kPerVector + e, lanes[e]);
       }
     }
   }
@@ -275,6 +287,111 @@ struct Marks {
   uint32_t* sel;
   uint32_t* tie;
 };
+
+/*!
+ * \brief The capture floor of a streamed CTA: the first digit of the k-th largest key it
+ *        has counted into `hist` so far (0 while it has counted fewer than k). The row's
+ *        threshold digit is at least that (the row holds at least those k keys), so every
+ *        key the selection can take has a first digit at or above the floor. Every thread
+ *        calls it; it uses s.groups[1] and s.digit as scratch (pass 0 rewrites both).
+ */
+__device__ __forceinline__ uint32_t capture_floor(SharedState& s, uint32_t* hist, uint32_t k) {
+  __syncthreads();  // the counts so far are in
+  sum_groups(hist, kBins, s.groups[1]);
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    uint32_t total = s.groups[1][threadIdx.x];
+#pragma unroll
+    for (int d = 16; d >= 1; d /= 2) total += __shfl_xor_sync(0xffffffffu, total, d);
+    if (total >= k) {
+      find_digit(s, hist, s.groups[1], kBins, 1, k);
+    } else if (threadIdx.x == 0) {
+      s.digit = 0;
+    }
+  }
+  __syncthreads();
+  const uint32_t floor = s.digit;
+  __syncthreads();  // read before the next call rewrites it
+  return floor;
+}
+
+/*!
+ * \brief Streamed plans: counts the first digit into `hist` and captures into the candidate
+ *        list every key whose first digit is at least the capture floor, raised after each
+ *        batch of loads (a batch is counted, the floor raised, then the batch captured from
+ *        the registers), so that the selection needs no second walk over the slice. On
+ *        randn rows of 64K columns about 5K keys are captured (k = 2048); s.candidates past
+ *        m.capacity means the list overflowed and the CTA walks its slice after all.
+ *        Every thread calls it.
+ */
+template <typename Bits>
+__device__ __forceinline__ void count_and_capture(SharedState& s, const Bits* src, uint32_t n,
+                                                  uint32_t* hist, const Marks& m, uint32_t k) {
+  constexpr int kPerVector = 16 / sizeof(Bits);
+  const int lane = threadIdx.x % 32;
+  const uint32_t lower = (1u << lane) - 1u;
+  // Appends this lane's keys (valid ones) at or above `floor`, with their columns col + e.
+  // The whole warp calls it.
+  auto capture = [&](const uint32_t (&key)[kPerVector], uint32_t col, bool valid,
+                     uint32_t floor) {
+    uint32_t hits[kPerVector], total = 0;
+#pragma unroll
+    for (int e = 0; e < kPerVector; ++e) {
+      hits[e] = __ballot_sync(0xffffffffu, valid && (key[e] >> 21) >= floor);
+      total += __popc(hits[e]);
+    }
+    if (total == 0) return;  // warp-uniform
+    uint32_t at = 0;
+    if (lane == 0) at = atomicAdd(&s.candidates, total);
+    at = __shfl_sync(0xffffffffu, at, 0);
+#pragma unroll
+    for (int e = 0; e < kPerVector; ++e) {
+      const uint32_t i = at + __popc(hits[e] & lower);
+      if (((hits[e] >> lane) & 1u) && i < m.capacity) m.cand[i] = make_uint2(key[e], col + e);
+      at += __popc(hits[e]);
+    }
+  };
+  const VectorLayout l = vector_layout(src, n);
+  // The unaligned columns, before any floor: counted and captured whole (fewer than
+  // 2 * kPerVector keys).
+  auto take_whole = [&](uint32_t j) {
+    const uint32_t key = score_key(src[j]);
+    atomicAdd(&hist[key >> 21], 1u);
+    const uint32_t i = atomicAdd(&s.candidates, 1u);
+    if (i < m.capacity) m.cand[i] = make_uint2(key, j);
+  };
+  if (threadIdx.x < l.head) take_whole(threadIdx.x);
+  if (threadIdx.x < n - l.tail) take_whole(l.tail + threadIdx.x);
+  const uint4* body = reinterpret_cast<const uint4*>(src + l.head);
+  constexpr uint32_t kStep = kThreads * kLoadsInFlight;
+  for (uint32_t base = 0; base < l.vectors; base += kStep) {  // block-uniform
+    uint4 v[kLoadsInFlight];
+#pragma unroll
+    for (int u = 0; u < kLoadsInFlight; ++u) {
+      const uint32_t i = base + u * kThreads + threadIdx.x;
+      v[u] = i < l.vectors ? __ldg(body + i) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < kLoadsInFlight; ++u) {
+      const uint32_t i = base + u * kThreads + threadIdx.x;
+      if (i < l.vectors) {
+        const Bits* lanes = reinterpret_cast<const Bits*>(&v[u]);
+#pragma unroll
+        for (int e = 0; e < kPerVector; ++e) atomicAdd(&hist[score_key(lanes[e]) >> 21], 1u);
+      }
+    }
+    const uint32_t floor = capture_floor(s, hist, k);
+#pragma unroll
+    for (int u = 0; u < kLoadsInFlight; ++u) {
+      const uint32_t i = base + u * kThreads + threadIdx.x;
+      const Bits* lanes = reinterpret_cast<const Bits*>(&v[u]);
+      uint32_t key[kPerVector];
+#pragma unroll
+      for (int e = 0; e < kPerVector; ++e) key[e] = score_key(lanes[e]);
+      capture(key, l.head + i * kPerVector, i < l.vectors, floor);
+    }
+  }
+}
 
 /*!
  * \brief The walk after the first pass: appends the slice's keys of the threshold digit
@@ -483,10 +600,17 @@ __global__ void __launch_bounds__(kThreads, 1024 / kThreads)  // 64 registers
 
   if (w.count > k) {
     for (int i = threadIdx.x; i < 2 * kBins; i += kThreads) (&s.hist[0][0])[i] = 0;
-    for (int64_t i = threadIdx.x; i < words; i += kThreads) m.tie[i] = 0;  // marked from the list
+    for (int64_t i = threadIdx.x; i < words; i += kThreads) {
+      m.tie[i] = 0;  // marked from the list
+      if (!kResident) m.sel[i] = 0;  // marked from the captured list (else by a walk)
+    }
     if (threadIdx.x == 0) s.candidates = 0;
     __syncthreads();
-    load_and_count<Bits, kResident>(slice.src, slice.n, keys, s.hist[0]);
+    if constexpr (kResident) {
+      load_and_count<Bits>(slice.src, slice.n, keys, s.hist[0]);
+    } else {
+      count_and_capture<Bits>(s, slice.src, slice.n, s.hist[0], m, static_cast<uint32_t>(k));
+    }
     uint32_t prefix = 0;
     for (int pass = 0; pass < 3; ++pass) {
       const int digit_shift = pass_shift(pass), bins = pass_bins(pass);
@@ -518,10 +642,19 @@ __global__ void __launch_bounds__(kThreads, 1024 / kThreads)  // 64 registers
       shift = digit_shift;
       threshold = high_bits(prefix, shift);
       // s.digit is rewritten only after the next pass's scan barriers.
+      if (pass == 0 && !kResident && s.candidates <= kList) {
+        listed = true;  // captured while counting: every key at or above the digit
+        listed_count = s.candidates;
+      }
       if (s.in_bin == remaining) break;  // the whole bin is taken: nothing to refine
-      if (pass == 0) {
+      if (pass == 0 && !listed) {
         listed = s.hist[0][s.digit] <= kList;  // this CTA's keys in the bin
         if (listed) {
+          if (!kResident) {  // the capture overflowed: the list is refilled by a walk
+            __syncthreads();  // every thread has read s.candidates
+            if (threadIdx.x == 0) s.candidates = 0;
+            __syncthreads();
+          }
           collect_candidates(s, slice, m, s.digit, one_segment);
           __syncthreads();
           listed_count = s.candidates < kList ? s.candidates : kList;
