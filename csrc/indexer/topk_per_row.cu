@@ -21,7 +21,9 @@
 //   only where it fits). The refining passes then run over the candidates alone, and the
 //   candidates are marked in the bitmaps (selected, or equal to the final threshold) from
 //   the list. A CTA whose bin does not fit refines over its whole slice and marks by a
-//   walk over the slice after the last pass.
+//   walk over the slice after the last pass. Streamed CTAs skip that walk: while counting
+//   they capture every key at or above a floor that can only be at or below the row's
+//   threshold digit (count_and_capture), and walk only when the capture overflows.
 // - Output positions: the selection is the marked keys above the threshold and the first
 //   `remaining` (in column order) of those equal to it. Each thread counts both bitmaps
 //   over a contiguous run of words (an odd number, so a warp's reads hit distinct banks);
@@ -293,7 +295,8 @@ struct Marks {
  *        has counted into `hist` so far (0 while it has counted fewer than k). The row's
  *        threshold digit is at least that (the row holds at least those k keys), so every
  *        key the selection can take has a first digit at or above the floor. Every thread
- *        calls it; it uses s.groups[1] and s.digit as scratch (pass 0 rewrites both).
+ *        calls it; it uses s.groups[1] and s.digit as scratch (pass 1 and pass 0 rewrite
+ *        them).
  */
 __device__ __forceinline__ uint32_t capture_floor(SharedState& s, uint32_t* hist, uint32_t k) {
   __syncthreads();  // the counts so far are in
@@ -310,9 +313,8 @@ __device__ __forceinline__ uint32_t capture_floor(SharedState& s, uint32_t* hist
     }
   }
   __syncthreads();
-  const uint32_t floor = s.digit;
-  __syncthreads();  // read before the next call rewrites it
-  return floor;
+  // The next write of s.digit (the next call's warp 0, or pass 0) is behind two barriers.
+  return s.digit;
 }
 
 /*!
@@ -322,11 +324,13 @@ __device__ __forceinline__ uint32_t capture_floor(SharedState& s, uint32_t* hist
  *        the registers), so that the selection needs no second walk over the slice. On
  *        randn rows of 64K columns about 5K keys are captured (k = 2048); s.candidates past
  *        m.capacity means the list overflowed and the CTA walks its slice after all.
- *        Every thread calls it.
+ *        `capturing` false (k alone would fill the list): counts only. Every thread calls
+ *        it.
  */
 template <typename Bits>
 __device__ __forceinline__ void count_and_capture(SharedState& s, const Bits* src, uint32_t n,
-                                                  uint32_t* hist, const Marks& m, uint32_t k) {
+                                                  uint32_t* hist, const Marks& m, uint32_t k,
+                                                  bool capturing) {
   constexpr int kPerVector = 16 / sizeof(Bits);
   const int lane = threadIdx.x % 32;
   const uint32_t lower = (1u << lane) - 1u;
@@ -357,6 +361,7 @@ __device__ __forceinline__ void count_and_capture(SharedState& s, const Bits* sr
   auto take_whole = [&](uint32_t j) {
     const uint32_t key = score_key(src[j]);
     atomicAdd(&hist[key >> 21], 1u);
+    if (!capturing) return;
     const uint32_t i = atomicAdd(&s.candidates, 1u);
     if (i < m.capacity) m.cand[i] = make_uint2(key, j);
   };
@@ -380,6 +385,7 @@ __device__ __forceinline__ void count_and_capture(SharedState& s, const Bits* sr
         for (int e = 0; e < kPerVector; ++e) atomicAdd(&hist[score_key(lanes[e]) >> 21], 1u);
       }
     }
+    if (!capturing) continue;  // block-uniform
     const uint32_t floor = capture_floor(s, hist, k);
 #pragma unroll
     for (int u = 0; u < kLoadsInFlight; ++u) {
@@ -589,6 +595,8 @@ __global__ void __launch_bounds__(kThreads, 1024 / kThreads)  // 64 registers
   const int64_t k = a.k;
   const uint32_t segment = static_cast<uint32_t>(words) * 32;  // columns the bitmaps cover
   const bool one_segment = slice.n <= segment;
+  // Streamed CTAs capture candidates while counting, unless k alone would fill the list.
+  const bool capturing = !kResident && k < kList;
 
   // The selection: keys with high_bits(key, shift) > threshold, and the first `remaining`
   // (column order) of those equal to it. A window of at most k columns is taken whole.
@@ -609,7 +617,8 @@ __global__ void __launch_bounds__(kThreads, 1024 / kThreads)  // 64 registers
     if constexpr (kResident) {
       load_and_count<Bits>(slice.src, slice.n, keys, s.hist[0]);
     } else {
-      count_and_capture<Bits>(s, slice.src, slice.n, s.hist[0], m, static_cast<uint32_t>(k));
+      count_and_capture<Bits>(s, slice.src, slice.n, s.hist[0], m, static_cast<uint32_t>(k),
+                              capturing);
     }
     uint32_t prefix = 0;
     for (int pass = 0; pass < 3; ++pass) {
@@ -642,7 +651,7 @@ __global__ void __launch_bounds__(kThreads, 1024 / kThreads)  // 64 registers
       shift = digit_shift;
       threshold = high_bits(prefix, shift);
       // s.digit is rewritten only after the next pass's scan barriers.
-      if (pass == 0 && !kResident && s.candidates <= kList) {
+      if (pass == 0 && capturing && s.candidates <= kList) {
         listed = true;  // captured while counting: every key at or above the digit
         listed_count = s.candidates;
       }
