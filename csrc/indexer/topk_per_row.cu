@@ -303,9 +303,7 @@ __device__ __forceinline__ uint32_t capture_floor(SharedState& s, uint32_t* hist
   sum_groups(hist, kBins, s.groups[1]);
   __syncthreads();
   if (threadIdx.x < 32) {
-    uint32_t total = s.groups[1][threadIdx.x];
-#pragma unroll
-    for (int d = 16; d >= 1; d /= 2) total += __shfl_xor_sync(0xffffffffu, total, d);
+    const uint32_t total = warp_sum(s.groups[1][threadIdx.x]);
     if (total >= k) {
       find_digit(s, hist, s.groups[1], kBins, 1, k);
     } else if (threadIdx.x == 0) {
