@@ -40,7 +40,7 @@ def stamped_kernel() -> str:
     rep("namespace cg = cooperative_groups;\n", "namespace cg = cooperative_groups;\n" + pre)
     rep("  __shared__ SharedState s;\n  await_previous_kernel();\n", "  __shared__ SharedState s;\n  stamp(0);\n  await_previous_kernel();\n  stamp(1);\n")
     rep("    if constexpr (kResident) {\n      load_and_count<Bits>(", "    stamp(2);\n    if constexpr (kResident) {\n      load_and_count<Bits>(")
-    rep("      count_and_capture<Bits>(s, slice.src, slice.n, s.hist[0], m, static_cast<uint32_t>(k));\n    }\n", "      count_and_capture<Bits>(s, slice.src, slice.n, s.hist[0], m, static_cast<uint32_t>(k));\n    }\n    stamp(3);\n")
+    rep("static_cast<uint32_t>(k), capturing);\n    }\n", "static_cast<uint32_t>(k), capturing);\n    }\n    stamp(3);\n")
     rep("      cluster_barrier(cluster);  // every CTA's histogram of this pass is complete\n", "      stamp(4 + 4 * pass);\n      cluster_barrier(cluster);  // every CTA's histogram of this pass is complete\n      stamp(5 + 4 * pass);\n")
     rep("      prefix |= s.digit << digit_shift;\n", "      stamp(6 + 4 * pass);\n      prefix |= s.digit << digit_shift;\n")
     rep("          listed_count = s.candidates < kList ? s.candidates : kList;\n", "          listed_count = s.candidates < kList ? s.candidates : kList;\n          stamp(7);\n")
