@@ -364,8 +364,8 @@ def test_long_rows_on_cuda_equal_the_cpu(L, plan):
 def capture_rows(L, dtype, seed):
     """Rows for each path of the streamed capture (capture_floor in topk_per_row.cu): the
     floor at or below the threshold digit (randn, 16 values, uniform), the list overflowing
-    (ascending, all equal), the floor above the threshold digit (descending, a rising trend),
-    and special values (NaN, +-inf) in every slice."""
+    (ascending, a rising trend), the floor above the threshold digit (descending; all equal,
+    whose floor the fill rule raises), and special values (NaN, +-inf) in every slice."""
     g = torch.Generator().manual_seed(seed)
     rows = [torch.randn(L, generator=g), torch.randint(0, 16, (L,), generator=g).float(),
             torch.rand(L, generator=g), torch.sort(torch.randn(L, generator=g)).values,
@@ -394,6 +394,22 @@ def test_streamed_capture_paths(dtype, L, plan):
             starts = torch.arange(8, dtype=I32) * 3 + 1
             run_both(torch.device("cuda"), x, k, row_starts=starts,
                      row_ends=torch.full((8,), L, dtype=I32) - starts)
+        # The sorted rewrite and the slot sink share the captured selection.
+        run_both(torch.device("cuda"), x, 2048, sorted=True)
+        table = torch.arange(8 * (L // 64 + 1), dtype=I32).reshape(8, -1) * 3
+        slots_both(torch.device("cuda"), x, 2048, torch.arange(8, dtype=I32), table, 64,
+                   compact=True)
+
+
+@pytest.mark.cuda
+def test_streamed_capture_multi_segment_bf16():
+    # Slices past the bitmaps (kSegmentColumns) mark by walking their segments, while the
+    # captured list still serves the refining passes.
+    L = 2 * 131072 + 5
+    x = capture_rows(L, torch.bfloat16, L)
+    with forced_topk_plan(102):
+        for k in (512, 2048):
+            run_both(torch.device("cuda"), x, k)
 
 
 # ---------------------------------------------------------------------------------------
