@@ -361,6 +361,57 @@ def test_long_rows_on_cuda_equal_the_cpu(L, plan):
             assert_equal(got, dsa_ext.topk_per_row(x, k, sorted=sorted_), L=L, k=k)
 
 
+def capture_rows(L, dtype, seed):
+    """Rows for each path of the streamed capture (capture_floor in topk_per_row.cu): the
+    floor at or below the threshold digit (randn, 16 values, uniform), the list overflowing
+    (ascending, a rising trend), the floor above the threshold digit (descending; all equal,
+    whose floor the fill rule raises), and special values (NaN, +-inf) in every slice."""
+    g = torch.Generator().manual_seed(seed)
+    rows = [torch.randn(L, generator=g), torch.randint(0, 16, (L,), generator=g).float(),
+            torch.rand(L, generator=g), torch.sort(torch.randn(L, generator=g)).values,
+            torch.sort(torch.randn(L, generator=g), descending=True).values,
+            torch.full((L,), 0.5), torch.linspace(0, 8, L) + torch.randn(L, generator=g)]
+    special = torch.randn(L, generator=g)
+    at = torch.randint(0, L, (64,), generator=g)
+    special[at[:16]] = math.nan
+    special[at[16:32]] = -math.nan
+    special[at[32:48]] = math.inf
+    special[at[48:]] = -math.inf
+    rows.append(special)
+    return torch.stack(rows).to(dtype)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("L, plan", [(131072, 102), (131075, 102), (32768, 101), (20000, 101),
+                                     (131072, 104)])
+def test_streamed_capture_paths(dtype, L, plan):
+    x = capture_rows(L, dtype, L + plan)
+    with forced_topk_plan(plan):
+        for k in (1, 512, 2048, 4096, 10239, 10240):
+            run_both(torch.device("cuda"), x, k)
+            # Unaligned slices and ragged windows: the captured head and tail columns.
+            starts = torch.arange(8, dtype=I32) * 3 + 1
+            run_both(torch.device("cuda"), x, k, row_starts=starts,
+                     row_ends=torch.full((8,), L, dtype=I32) - starts)
+        # The sorted rewrite and the slot sink share the captured selection.
+        run_both(torch.device("cuda"), x, 2048, sorted=True)
+        table = torch.arange(8 * (L // 64 + 1), dtype=I32).reshape(8, -1) * 3
+        slots_both(torch.device("cuda"), x, 2048, torch.arange(8, dtype=I32), table, 64,
+                   compact=True)
+
+
+@pytest.mark.cuda
+def test_streamed_capture_multi_segment_bf16():
+    # Slices past the bitmaps (kSegmentColumns) mark by walking their segments, while the
+    # captured list still serves the refining passes.
+    L = 2 * 131072 + 5
+    x = capture_rows(L, torch.bfloat16, L)
+    with forced_topk_plan(102):
+        for k in (512, 2048):
+            run_both(torch.device("cuda"), x, k)
+
+
 # ---------------------------------------------------------------------------------------
 # topk_to_slots: the top-K through the index conversion, one kernel
 # ---------------------------------------------------------------------------------------

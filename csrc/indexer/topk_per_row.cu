@@ -21,7 +21,11 @@
 //   only where it fits). The refining passes then run over the candidates alone, and the
 //   candidates are marked in the bitmaps (selected, or equal to the final threshold) from
 //   the list. A CTA whose bin does not fit refines over its whole slice and marks by a
-//   walk over the slice after the last pass.
+//   walk over the slice after the last pass. Streamed CTAs skip that walk: while counting
+//   they capture every key at or above a floor (count_and_capture), a digit estimated once
+//   from the first batch of loads to lie at or below the row's threshold digit with a margin
+//   (capture_floor); the rest of the slice is counted and captured with no block barrier.
+//   A CTA walks only when the capture overflowed or the floor is above the threshold digit.
 // - Output positions: the selection is the marked keys above the threshold and the first
 //   `remaining` (in column order) of those equal to it. Each thread counts both bitmaps
 //   over a contiguous run of words (an odd number, so a warp's reads hit distinct banks);
@@ -65,6 +69,11 @@ constexpr int kMaxCluster = 16;
 //! integers holds about 8K keys in its threshold bin (the first digit keeps two mantissa
 //! bits: 14 and 15 share a bin); at 8192 half such CTAs overflowed and walked the slice.
 constexpr int64_t list_capacity(bool resident) { return resident ? 2048 : 10240; }
+//! A streamed CTA's capture floor (capture_floor): its margin in rank over the estimate of
+//! the row's threshold key, and the share of the list (kFloorFillNum / kFloorFillDen) its
+//! captured keys may be expected to fill before the margin is given up.
+constexpr uint32_t kFloorMargin = 2;
+constexpr uint32_t kFloorFillNum = 9, kFloorFillDen = 10;
 //! Columns the two bitmaps of a CTA cover at most (32 KB); longer slices go in segments.
 constexpr int64_t kSegmentColumns = 131072;
 //! Keys per CTA at most: one CTA per SM (176 KB of keys, 11 KB of bitmaps, the candidates).
@@ -161,41 +170,53 @@ struct RowSlice {
   }
 };
 
-/*!
- * \brief Loads the slice's keys into shared memory (resident) and counts the first
- *        digit into `hist`; streamed, only counts.
- */
-template <typename Bits, bool kResident>
-__device__ __forceinline__ void load_and_count(const Bits* src, uint32_t n, uint32_t* keys,
-                                               uint32_t* hist) {
-  auto take = [&](uint32_t j, Bits bits) {
-    const uint32_t key = score_key(bits);
-    if constexpr (kResident) keys[j] = key;
-    atomicAdd(&hist[key >> 21], 1u);
-  };
+//! Where the 16-byte vectors of a slice of `n` columns at `src` lie: `head` columns before
+//! the first aligned one, `vectors` vectors, then the columns from `tail` on.
+struct VectorLayout {
+  uint32_t head, vectors, tail;
+};
+
+template <typename Bits>
+__device__ __forceinline__ VectorLayout vector_layout(const Bits* src, uint32_t n) {
   constexpr int kPerVector = 16 / sizeof(Bits);
   const uintptr_t address = reinterpret_cast<uintptr_t>(src);
   uint32_t head = static_cast<uint32_t>(((16 - address % 16) % 16) / sizeof(Bits));
   if (head > n) head = n;
   const uint32_t vectors = (n - head) / kPerVector;
-  const uint32_t tail = head + vectors * kPerVector;
-  if (threadIdx.x < head) take(threadIdx.x, src[threadIdx.x]);
-  if (threadIdx.x < n - tail) take(tail + threadIdx.x, src[tail + threadIdx.x]);
-  const uint4* body = reinterpret_cast<const uint4*>(src + head);
-  for (uint32_t first = threadIdx.x; first < vectors; first += kThreads * kLoadsInFlight) {
+  return {head, vectors, head + vectors * kPerVector};
+}
+
+/*!
+ * \brief Resident plans: loads the slice's keys into shared memory and counts the first
+ *        digit into `hist`.
+ */
+template <typename Bits>
+__device__ __forceinline__ void load_and_count(const Bits* src, uint32_t n, uint32_t* keys,
+                                               uint32_t* hist) {
+  auto take = [&](uint32_t j, Bits bits) {
+    const uint32_t key = score_key(bits);
+    keys[j] = key;
+    atomicAdd(&hist[key >> 21], 1u);
+  };
+  constexpr int kPerVector = 16 / sizeof(Bits);
+  const VectorLayout l = vector_layout(src, n);
+  if (threadIdx.x < l.head) take(threadIdx.x, src[threadIdx.x]);
+  if (threadIdx.x < n - l.tail) take(l.tail + threadIdx.x, src[l.tail + threadIdx.x]);
+  const uint4* body = reinterpret_cast<const uint4*>(src + l.head);
+  for (uint32_t first = threadIdx.x; first < l.vectors; first += kThreads * kLoadsInFlight) {
     uint4 v[kLoadsInFlight];
 #pragma unroll
     for (int u = 0; u < kLoadsInFlight; ++u) {
       const uint32_t i = first + u * kThreads;
-      if (i < vectors) v[u] = kResident ? __ldcs(body + i) : __ldg(body + i);
+      if (i < l.vectors) v[u] = __ldcs(body + i);
     }
 #pragma unroll
     for (int u = 0; u < kLoadsInFlight; ++u) {
       const uint32_t i = first + u * kThreads;
-      if (i < vectors) {
+      if (i < l.vectors) {
         const Bits* lanes = reinterpret_cast<const Bits*>(&v[u]);
 #pragma unroll
-        for (int e = 0; e < kPerVector; ++e) take(head + i * kPerVector + e, lanes[e]);
+        for (int e = 0; e < kPerVector; ++e) take(l.head + i * kPerVector + e, lanes[e]);
       }
     }
   }
@@ -275,6 +296,207 @@ struct Marks {
   uint32_t* sel;
   uint32_t* tie;
 };
+
+/*!
+ * \brief The capture floor of a streamed CTA, from the histogram `hist` of the keys it has
+ *        counted so far (n_seen of them, the first batch of its slice of `n` columns; the
+ *        row's window has `row_count`): the higher of
+ *        - the first digit of the r-th largest key counted, r = ceil(kFloorMargin * k *
+ *          n_seen / row_count): a row whose keys do not trend along the columns has about
+ *          k * n_seen / row_count of those keys at or above its threshold key, so the floor
+ *          is at or below the row's threshold digit with a margin of kFloorMargin in rank;
+ *        - the lowest digit whose counted keys at or above it, scaled to the slice
+ *          (n / n_seen), fit kFloorFillNum / kFloorFillDen of the list: the margin is given up
+ *          only where the capture would overflow the list anyway.
+ *        The floor is NOT guaranteed to be at or below the threshold digit (sorted rows,
+ *        rows that trend); the kernel checks it after the first pass and walks the slice
+ *        when it is above. Every thread calls it once; it uses s.groups[1] and s.digit as
+ *        scratch (pass 1 and pass 0 rewrite them).
+ */
+__device__ __forceinline__ uint32_t capture_floor(SharedState& s, uint32_t* hist, uint32_t k,
+                                                  uint32_t n, uint32_t row_count,
+                                                  uint32_t capacity) {
+  __syncthreads();  // the first batch's counts are in
+  sum_groups(hist, kBins, s.groups[1]);
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    const uint32_t seen = warp_sum(s.groups[1][threadIdx.x]);
+    // The digit of the r-th largest counted key, r in [1, seen], in every lane of warp 0.
+    auto digit_at = [&](uint64_t r) {
+      find_digit(s, hist, s.groups[1], kBins, 1, static_cast<uint32_t>(r));
+      __syncwarp();  // one lane wrote s.digit
+      const uint32_t d = s.digit;
+      __syncwarp();  // read before the next write
+      return d;
+    };
+    uint32_t floor = 0;  // nothing counted (an empty slice): nothing to choose from
+    if (seen > 0) {
+      const uint64_t r = (uint64_t{kFloorMargin} * k * seen + row_count - 1) / row_count;
+      floor = digit_at(r < seen ? r : seen);
+      // Keys of the first batch that scale to kFloorFillNum / kFloorFillDen of the list.
+      const uint64_t fit =
+          uint64_t{kFloorFillNum} * capacity * seen / (uint64_t{kFloorFillDen} * n);
+      if (fit < seen) {  // else every digit fits
+        // The bin of key fit + 1 left out (2047 at most: the keys compare with floor << 21).
+        const uint32_t fill_floor = min(digit_at(fit + 1) + 1, kBins - 1u);
+        if (fill_floor > floor) floor = fill_floor;
+      }
+    }
+    if (threadIdx.x == 0) s.digit = floor;
+  }
+  __syncthreads();
+  // The next write of s.digit (pass 0's find_digit) is behind two barriers.
+  return s.digit;
+}
+
+/*!
+ * \brief Streamed plans: counts the slice's first digits into `hist` (the slice has `n`
+ *        columns at `src`, the row's window `row_count`) and captures into the candidate
+ *        list every key whose first digit is at or above the capture floor, so that the
+ *        selection needs no second walk over the slice. The floor is set once, from the
+ *        first batch of loads (kThreads * kLoadsInFlight vectors: 16K fp32 or 32K bf16
+ *        keys), by capture_floor; that batch is captured from the registers after it. Every
+ *        later batch is counted and captured with the floor fixed and no block barrier: a
+ *        thread marks its keys at or above the floor in a bit mask while counting, then its
+ *        warp appends them with one atomic on the list's length. The unaligned columns
+ *        (fewer than 2 * 16 / sizeof(Bits)) are captured whole. Returns the floor: the list
+ *        holds every key at or above the row's threshold digit D when floor <= D and
+ *        s.candidates <= m.capacity; else the kernel walks the slice. Host model of the list
+ *        sizes: tools/topk_capture_sizes.py (k = 2048, 64K-column slices: about 2.6K captured
+ *        on randn rows, 8.2K on 16-value and uniform ones). `capturing` false (k alone would
+ *        fill the list): counts only, returns 0. Every thread calls it.
+ */
+template <typename Bits>
+__device__ __forceinline__ uint32_t count_and_capture(SharedState& s, const Bits* src, uint32_t n,
+                                                      uint32_t row_count, uint32_t* hist,
+                                                      const Marks& m, uint32_t k,
+                                                      bool capturing) {
+  constexpr int kPerVector = 16 / sizeof(Bits);
+  // Bit u * kPerVector + e: key e of the thread's vector u of the batch is captured.
+  using Mask = std::conditional_t<(kLoadsInFlight * kPerVector > 32), uint64_t, uint32_t>;
+  const int lane = threadIdx.x % 32;
+  const VectorLayout l = vector_layout(src, n);
+  const uint4* body = reinterpret_cast<const uint4*>(src + l.head);
+  constexpr uint32_t kStep = kThreads * kLoadsInFlight;
+  // The batch at `base`: vector u of this thread is base + u * kThreads + threadIdx.x (zero
+  // past the slice's vectors).
+  auto load = [&](uint32_t base, uint4 (&v)[kLoadsInFlight]) {
+#pragma unroll
+    for (int u = 0; u < kLoadsInFlight; ++u) {
+      const uint32_t i = base + u * kThreads + threadIdx.x;
+      v[u] = i < l.vectors ? __ldg(body + i) : make_uint4(0, 0, 0, 0);
+    }
+  };
+  auto keys_of = [&](const uint4& vec, uint32_t (&key)[kPerVector]) {
+    const Bits* lanes = reinterpret_cast<const Bits*>(&vec);
+#pragma unroll
+    for (int e = 0; e < kPerVector; ++e) key[e] = score_key(lanes[e]);
+  };
+  auto count = [&](const uint32_t (&key)[kPerVector]) {
+#pragma unroll
+    for (int e = 0; e < kPerVector; ++e) atomicAdd(&hist[key[e] >> 21], 1u);
+  };
+  // Sets the mask bits of vector u's keys at or above floor_key (floor << 21).
+  auto mark = [&](const uint32_t (&key)[kPerVector], int u, uint32_t floor_key, Mask& mask) {
+#pragma unroll
+    for (int e = 0; e < kPerVector; ++e) {
+      if (key[e] >= floor_key) mask |= Mask{1} << (u * kPerVector + e);
+    }
+  };
+  // Appends the keys of `mask` (the batch v at `base`), with their columns, in lane order.
+  // A warp whose keys would pass the capacity stores none: the list has overflowed and is
+  // not used. The whole warp calls it.
+  auto append = [&](const uint4 (&v)[kLoadsInFlight], uint32_t base, Mask mask) {
+    const uint32_t mine = static_cast<uint32_t>(__popcll(mask));
+    const uint32_t incl = warp_inclusive_sum(mine);
+    const uint32_t total = __shfl_sync(0xffffffffu, incl, 31);
+    if (total == 0) return;  // warp-uniform
+    uint32_t at = 0;
+    if (lane == 31) at = atomicAdd(&s.candidates, total);
+    at = __shfl_sync(0xffffffffu, at, 31);
+    if (at + total > m.capacity) return;  // warp-uniform
+    at += incl - mine;
+#pragma unroll
+    for (int u = 0; u < kLoadsInFlight; ++u) {
+      constexpr uint32_t kVectorBits = (1u << kPerVector) - 1;
+      const uint32_t hits = static_cast<uint32_t>(mask >> (u * kPerVector)) & kVectorBits;
+      // Per vector and element, a branch (no lane holds more than a few): a predicated form
+      // is as long and spills.
+      if (hits == 0) continue;
+      const uint32_t col = l.head + (base + u * kThreads + threadIdx.x) * kPerVector;
+      // The keys again, from the vector made opaque: else the compiler keeps every key of
+      // the batch from the count (twice the registers of the vectors for bf16) and, short
+      // of registers, issues the next batch's loads one at a time.
+      uint4 w = v[u];
+      asm("" : "+r"(w.x), "+r"(w.y), "+r"(w.z), "+r"(w.w));
+      uint32_t key[kPerVector];
+      keys_of(w, key);
+#pragma unroll
+      for (int e = 0; e < kPerVector; ++e) {
+        const uint32_t i = at + __popc(hits & ((1u << e) - 1));
+        if ((hits >> e) & 1u) m.cand[i] = make_uint2(key[e], col + e);
+      }
+      at += __popc(hits);
+    }
+  };
+  auto take_whole = [&](uint32_t j) {
+    const uint32_t key = score_key(src[j]);
+    atomicAdd(&hist[key >> 21], 1u);
+    if (!capturing) return;
+    const uint32_t i = atomicAdd(&s.candidates, 1u);
+    if (i < m.capacity) m.cand[i] = make_uint2(key, j);
+  };
+  if (threadIdx.x < l.head) take_whole(threadIdx.x);
+  if (threadIdx.x < n - l.tail) take_whole(l.tail + threadIdx.x);
+  // The first batch: counted, the floor set from it, then captured from the registers.
+  uint32_t floor = 0;
+  uint4 v[kLoadsInFlight];
+  load(0, v);
+#pragma unroll
+  for (int u = 0; u < kLoadsInFlight; ++u) {
+    uint32_t key[kPerVector];
+    keys_of(v[u], key);
+    if (u * kThreads + threadIdx.x < l.vectors) count(key);
+  }
+  if (!capturing) {  // block-uniform
+    for (uint32_t base = kStep; base < l.vectors; base += kStep) {
+      load(base, v);
+#pragma unroll
+      for (int u = 0; u < kLoadsInFlight; ++u) {
+        uint32_t key[kPerVector];
+        keys_of(v[u], key);
+        if (base + u * kThreads + threadIdx.x < l.vectors) count(key);
+      }
+    }
+    return 0;
+  }
+  floor = capture_floor(s, hist, k, n, row_count, m.capacity);
+  const uint32_t floor_key = floor << 21;
+  Mask mask = 0;
+#pragma unroll
+  for (int u = 0; u < kLoadsInFlight; ++u) {
+    uint32_t key[kPerVector];
+    keys_of(v[u], key);
+    if (u * kThreads + threadIdx.x < l.vectors) mark(key, u, floor_key, mask);
+  }
+  append(v, 0, mask);
+  // The later batches, against the fixed floor: the warps run apart.
+  for (uint32_t base = kStep; base < l.vectors; base += kStep) {  // block-uniform
+    load(base, v);
+    mask = 0;
+#pragma unroll
+    for (int u = 0; u < kLoadsInFlight; ++u) {
+      uint32_t key[kPerVector];
+      keys_of(v[u], key);
+      if (base + u * kThreads + threadIdx.x < l.vectors) {
+        count(key);
+        mark(key, u, floor_key, mask);
+      }
+    }
+    append(v, base, mask);
+  }
+  return floor;
+}
 
 /*!
  * \brief The walk after the first pass: appends the slice's keys of the threshold digit
@@ -469,6 +691,8 @@ __global__ void __launch_bounds__(kThreads, 1024 / kThreads)  // 64 registers
   const int64_t k = a.k;
   const uint32_t segment = static_cast<uint32_t>(words) * 32;  // columns the bitmaps cover
   const bool one_segment = slice.n <= segment;
+  // Streamed CTAs capture candidates while counting, unless k alone would fill the list.
+  const bool capturing = !kResident && k < kList;
 
   // The selection: keys with high_bits(key, shift) > threshold, and the first `remaining`
   // (column order) of those equal to it. A window of at most k columns is taken whole.
@@ -477,13 +701,22 @@ __global__ void __launch_bounds__(kThreads, 1024 / kThreads)  // 64 registers
   // This CTA's threshold-bin keys are in the candidate list (else in the slice only).
   bool listed = false;
   uint32_t listed_count = 0;
+  uint32_t floor = 0;  // streamed: the capture floor (count_and_capture)
 
   if (w.count > k) {
     for (int i = threadIdx.x; i < 2 * kBins; i += kThreads) (&s.hist[0][0])[i] = 0;
-    for (int64_t i = threadIdx.x; i < words; i += kThreads) m.tie[i] = 0;  // marked from the list
+    for (int64_t i = threadIdx.x; i < words; i += kThreads) {
+      m.tie[i] = 0;  // marked from the list
+      if (!kResident) m.sel[i] = 0;  // marked from the captured list (else by a walk)
+    }
     if (threadIdx.x == 0) s.candidates = 0;
     __syncthreads();
-    load_and_count<Bits, kResident>(slice.src, slice.n, keys, s.hist[0]);
+    if constexpr (kResident) {
+      load_and_count<Bits>(slice.src, slice.n, keys, s.hist[0]);
+    } else {
+      floor = count_and_capture<Bits>(s, slice.src, slice.n, static_cast<uint32_t>(w.count),
+                                      s.hist[0], m, static_cast<uint32_t>(k), capturing);
+    }
     uint32_t prefix = 0;
     for (int pass = 0; pass < 3; ++pass) {
       const int digit_shift = pass_shift(pass), bins = pass_bins(pass);
@@ -515,10 +748,21 @@ __global__ void __launch_bounds__(kThreads, 1024 / kThreads)  // 64 registers
       shift = digit_shift;
       threshold = high_bits(prefix, shift);
       // s.digit is rewritten only after the next pass's scan barriers.
+      // Captured while counting, the list holds every key at or above the digit unless it
+      // overflowed or the floor (an estimate from the first batch) is above the digit.
+      if (pass == 0 && capturing && s.candidates <= kList && floor <= s.digit) {
+        listed = true;
+        listed_count = s.candidates;
+      }
       if (s.in_bin == remaining) break;  // the whole bin is taken: nothing to refine
-      if (pass == 0) {
+      if (pass == 0 && !listed) {
         listed = s.hist[0][s.digit] <= kList;  // this CTA's keys in the bin
         if (listed) {
+          if (!kResident) {  // the capture missed (see above): the list is refilled by a walk
+            __syncthreads();  // every thread has read s.candidates
+            if (threadIdx.x == 0) s.candidates = 0;
+            __syncthreads();
+          }
           collect_candidates(s, slice, m, s.digit, one_segment);
           __syncthreads();
           listed_count = s.candidates < kList ? s.candidates : kList;
