@@ -55,10 +55,11 @@ constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
 constexpr int kBins = 2048;                 // 11-bit digits
 constexpr int kGroupBins = 64;              // bins per group sum (find_digit)
-//! Bitmap words a warp takes at a time in a walk (its loads in flight): 4 over shared memory;
-//! 8 over global memory (streamed), where a walk is bound by its round trips to L2 / HBM
-//! (H200, 64 x 128K: 33.0 -> 29.7 us; 16 spills at the 64-register bound).
-constexpr int walk_words(bool resident) { return resident ? 4 : 8; }
+//! Bitmap words a warp takes at a time in a walk (its loads in flight, and its batch of
+//! ballots): a streamed walk is bound by its round trips to L2 / HBM (H200, 64 x 128K: 33.0
+//! -> 29.7 us from 4 to 8 words), a resident one by its issue rate (16 spills at the
+//! 64-register bound).
+constexpr int kWalkWords = 8;
 constexpr int kLoadsInFlight = 8;           // 16-byte loads per thread per batch
 //! Largest cluster the plan picks (the portable limit); the override may force up to 16.
 constexpr int kMaxPlanCluster = 8;
@@ -156,7 +157,6 @@ __device__ __forceinline__ void cluster_barrier(int cluster) {
 
 template <typename Bits, bool kResident>
 struct RowSlice {
-  static constexpr int kWalkWords = walk_words(kResident);
   const Bits* src;  // column 0 of this CTA's slice in global memory
   const uint32_t* keys;
   uint32_t n;       // columns in the slice (slice indices are 32-bit: a row has < 2^31)
@@ -502,14 +502,13 @@ __device__ __forceinline__ uint32_t count_and_capture(SharedState& s, const Bits
  * \brief The walk after the first pass: appends the slice's keys of the threshold digit
  *        `digit` to the candidate list and, when `mark` (the bitmaps cover the slice),
  *        stores the `sel` words (the keys of a higher digit; `tie` is cleared beforehand).
- *        A warp takes Slice::kWalkWords words' columns at a time (its ballots are the
- *        words), with one atomic on the list's length per batch; only a warp's last batch
- *        checks the slice's end.
+ *        A warp takes kWalkWords words' columns at a time (its ballots are the words),
+ *        with one atomic on the list's length per batch; only a warp's last batch checks the
+ *        slice's end.
  */
 template <typename Slice>
 __device__ __forceinline__ void collect_candidates(SharedState& s, const Slice& slice,
                                                    const Marks& m, uint32_t digit, bool mark) {
-  constexpr int kWalkWords = Slice::kWalkWords;
   const int lane = threadIdx.x % 32;
   const uint32_t lower = (1u << lane) - 1u;
   auto batch = [&](uint32_t base, auto checked) {
@@ -558,13 +557,12 @@ __device__ __forceinline__ void collect_candidates(SharedState& s, const Slice& 
 /*!
  * \brief Marks the columns [s0, s1) of the slice in the bitmaps by their keys (bit j - s0):
  *        high_bits(key, shift) above `threshold` in `sel`, equal in `tie`. With shift 32
- *        every column is equal (the keys are not read). Slice::kWalkWords words per warp
+ *        every column is equal (the keys are not read). kWalkWords words per warp
  *        at a time, as in collect_candidates.
  */
 template <typename Slice>
 __device__ __forceinline__ void mark_by_walk(const Slice& slice, const Marks& m, uint32_t s0,
                                              uint32_t s1, int shift, uint32_t threshold) {
-  constexpr int kWalkWords = Slice::kWalkWords;
   const int lane = threadIdx.x % 32;
   auto batch = [&](uint32_t base, auto checked) {
     constexpr bool kChecked = decltype(checked)::value;
