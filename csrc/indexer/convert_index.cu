@@ -192,7 +192,8 @@ __device__ __forceinline__ void count_tile(Tile<kThreads, kItems>& tile, int* ru
  */
 __device__ __forceinline__ void store_if_valid(int32_t* p, int32_t v) {
   asm volatile(
-      "{\n .reg .pred p;\n setp.ge.s32 p, %1, 0;\n @p st.global.b32 [%0], %1;\n}" ::"l"(p),
+      "{\n .reg .pred p;\n setp.ge.s32 p, %1, 0;\n @p st.global.b32 [%0], %1;\n}" ::"l"(
+          __cvta_generic_to_global(p)),  // st.global takes a global address (no SASS cost)
       "r"(v)
       : "memory");
 }
