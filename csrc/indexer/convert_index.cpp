@@ -5,14 +5,18 @@ namespace dsa {
 
 namespace {
 
-template <bool kPow2>
+// convert_tokens with the kernels' template arguments (convert_index.cu: kUnswitch, and
+// kExact only without compaction), one token at a time.
+template <bool kPow2, bool kCompact>
 void convert_rows_cpu(const ConvertIndexArgs& a) {
   const int64_t K = a.token_indices.cols;
   for (int64_t t = 0; t < a.token_indices.rows; ++t) {
     const ConvertRow row = convert_row(a, t);
     int64_t count = 0;
     for (int64_t c = 0; c < K; ++c) {
-      const int32_t slot = convert_token<kPow2>(a, row, a.token_indices(t, c));
+      int32_t one[1] = {a.token_indices(t, c)};
+      convert_tokens<kPow2, true, !kCompact>(a, row, one, a.block_table.col_stride);
+      const int32_t slot = one[0];
       if (!a.compact) {
         a.out(t, c) = slot;
         count += slot >= 0;
@@ -31,7 +35,11 @@ void convert_rows_cpu(const ConvertIndexArgs& a) {
 
 // The instantiation the kernels take (convert_index_cuda), so that the CPU tests check it.
 void convert_index_cpu(const ConvertIndexArgs& a) {
-  convert_pow2(a) ? convert_rows_cpu<true>(a) : convert_rows_cpu<false>(a);
+  if (a.compact) {
+    convert_pow2(a) ? convert_rows_cpu<true, true>(a) : convert_rows_cpu<false, true>(a);
+  } else {
+    convert_pow2(a) ? convert_rows_cpu<true, false>(a) : convert_rows_cpu<false, false>(a);
+  }
 }
 
 void convert_req_index_to_global_index(const Desc1& req_id, const Desc2& block_table,
@@ -56,6 +64,7 @@ void convert_req_index_to_global_index(const Desc1& req_id, const Desc2& block_t
   a.workspace_rank_stride = prefill_workspace_rank_stride;
   a.by_block_size = FastDiv(static_cast<uint32_t>(block_size));
   a.block_stride = static_cast<int32_t>(block_stride);
+  a.entry_limit = entry_limit_for(a.block_stride);
   a.dcp = DcpLayout(static_cast<int32_t>(dcp_world_size), static_cast<int32_t>(interleave));
   a.rank = static_cast<int32_t>(dcp_rank);
   a.compact = compact;

@@ -78,50 +78,124 @@ __device__ __forceinline__ void load_tile(const int32_t* in, int32_t live, int64
   const int32_t i = static_cast<int32_t>(threadIdx.x);
   const int32_t left = live - i;  // item j exists when j * kThreads < left
   const int32_t* mine = address_base(in + (kDense ? i : i * in_stride));
+  // Token ids are read once: stream them (evict-first) so that L1 keeps the block-table
+  // row that every token of the row gathers from. A full tile (the same for the whole CTA)
+  // loads without a predicate and a -1 per column.
+  if (live >= kThreads * kItems) {
 #pragma unroll
-  for (int j = 0; j < kItems; ++j) {
-    // Token ids are read once: stream them (evict-first) so that L1 keeps the block-table
-    // row that every token of the row gathers from.
-    tile.slot[j] = j * kThreads < left
-                       ? __ldcs(mine + (kDense ? j * kThreads : j * kThreads * in_stride))
-                       : -1;
+    for (int j = 0; j < kItems; ++j) {
+      tile.slot[j] = __ldcs(mine + (kDense ? j * kThreads : j * kThreads * in_stride));
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < kItems; ++j) {
+      tile.slot[j] = j * kThreads < left
+                         ? __ldcs(mine + (kDense ? j * kThreads : j * kThreads * in_stride))
+                         : -1;
+    }
   }
 }
 
 //! Token ids -> slots (convert_tokens). kDenseTable: the table's column stride is known to
-//! be 1.
-template <int kThreads, int kItems, bool kDenseTable, bool kPow2>
+//! be 1. kExact: an invalid slot is -1 (written in place), else any negative value (the
+//! compacting stores test slot >= 0 only).
+template <int kThreads, int kItems, bool kDenseTable, bool kPow2, bool kExact>
 __device__ __forceinline__ void convert_loaded(const ConvertIndexArgs& a, const ConvertRow& row,
                                                Tile<kThreads, kItems>& tile) {
-  convert_tokens<kPow2, true>(a, row, tile.slot, kDenseTable ? 1 : a.block_table.col_stride);
+  convert_tokens<kPow2, true, kExact>(a, row, tile.slot,
+                                      kDenseTable ? 1 : a.block_table.col_stride);
+}
+
+/*!
+ * \brief The run counts of one warp: run j (columns j * kThreads + warp * 32 + [0, 32)) of
+ *        warp w lives at run_offset[w * kItems + j] (run_slot), so that a warp writes and
+ *        reads its kItems counts with vector accesses (16 bytes per 4 runs, not one each).
+ */
+template <int kItems>
+__device__ __forceinline__ void store_runs(int* dst, const int (&n)[kItems]) {
+  if constexpr (kItems % 4 == 0) {
+#pragma unroll
+    for (int j = 0; j < kItems; j += 4) {
+      *reinterpret_cast<int4*>(dst + j) = make_int4(n[j], n[j + 1], n[j + 2], n[j + 3]);
+    }
+  } else if constexpr (kItems % 2 == 0) {
+#pragma unroll
+    for (int j = 0; j < kItems; j += 2) {
+      *reinterpret_cast<int2*>(dst + j) = make_int2(n[j], n[j + 1]);
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < kItems; ++j) dst[j] = n[j];
+  }
+}
+template <int kItems>
+__device__ __forceinline__ void load_runs(const int* src, int (&n)[kItems]) {
+  if constexpr (kItems % 4 == 0) {
+#pragma unroll
+    for (int j = 0; j < kItems; j += 4) {
+      const int4 v = *reinterpret_cast<const int4*>(src + j);
+      n[j] = v.x, n[j + 1] = v.y, n[j + 2] = v.z, n[j + 3] = v.w;
+    }
+  } else if constexpr (kItems % 2 == 0) {
+#pragma unroll
+    for (int j = 0; j < kItems; j += 2) {
+      const int2 v = *reinterpret_cast<const int2*>(src + j);
+      n[j] = v.x, n[j + 1] = v.y;
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < kItems; ++j) n[j] = src[j];
+  }
+}
+
+//! Where run r (column order: r = j * kWarps + w) is kept in run_offset (store_runs).
+template <int kThreads, int kItems>
+__device__ __forceinline__ int run_slot(int r) {
+  constexpr int kWarps = Tile<kThreads, kItems>::kWarps;
+  return (r % kWarps) * kItems + r / kWarps;
 }
 
 /*!
  * \brief Ballots of the valid slots and the exclusive prefix of valid slots per run in
- *        run_offset[0, kRuns), the tile's total in run_offset[kRuns]. Block-wide: every
- *        thread calls it; run_offset is readable when it returns.
+ *        run_offset (run_slot's places), the tile's total in run_offset[kRuns]. Block-wide:
+ *        every thread calls it; run_offset (16-byte aligned) is readable when it returns.
  */
 template <int kThreads, int kItems>
 __device__ __forceinline__ void count_tile(Tile<kThreads, kItems>& tile, int* run_offset) {
-  constexpr int kWarps = Tile<kThreads, kItems>::kWarps;
   constexpr int kRuns = Tile<kThreads, kItems>::kRuns;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  int n[kItems];
 #pragma unroll
   for (int j = 0; j < kItems; ++j) {
     tile.valid[j] = __ballot_sync(0xffffffffu, tile.slot[j] >= 0);
-    if (lane == 0) run_offset[j * kWarps + warp] = __popc(tile.valid[j]);
+    n[j] = __popc(tile.valid[j]);
   }
+  if (lane == 0) store_runs<kItems>(run_offset + warp * kItems, n);
   __syncthreads();
-  if (warp == 0) {  // exclusive scan of the kRuns counts, two per lane
-    const int n0 = 2 * lane < kRuns ? run_offset[2 * lane] : 0;
-    const int n1 = 2 * lane + 1 < kRuns ? run_offset[2 * lane + 1] : 0;
+  if (warp == 0) {  // exclusive scan of the kRuns counts in column order, two per lane
+    const int s0 = run_slot<kThreads, kItems>(2 * lane);
+    const int s1 = run_slot<kThreads, kItems>(2 * lane + 1);
+    const int n0 = 2 * lane < kRuns ? run_offset[s0] : 0;
+    const int n1 = 2 * lane + 1 < kRuns ? run_offset[s1] : 0;
     const int incl = warp_inclusive_sum(n0 + n1);
     __syncwarp();
-    if (2 * lane < kRuns) run_offset[2 * lane] = incl - n0 - n1;
-    if (2 * lane + 1 < kRuns) run_offset[2 * lane + 1] = incl - n1;
+    if (2 * lane < kRuns) run_offset[s0] = incl - n0 - n1;
+    if (2 * lane + 1 < kRuns) run_offset[s1] = incl - n1;
     if (lane == 31) run_offset[kRuns] = incl;
   }
   __syncthreads();
+}
+
+/*!
+ * \brief `*p = v` when v >= 0, as one predicated store: the compiler would otherwise sink
+ *        the position's arithmetic under a branch per column (BSSY / BRA / BSYNC each).
+ */
+__device__ __forceinline__ void store_if_valid(int32_t* p, int32_t v) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ge.s32 p, %1, 0;\n @p st.global.b32 [%0], %1;\n}" ::"l"(
+          __cvta_generic_to_global(p)),  // st.global takes a global address (no SASS cost)
+      "r"(v)
+      : "memory");
 }
 
 //! Writes the tile's valid slots compacted, the first at out[0] (column order kept).
@@ -129,16 +203,17 @@ template <int kThreads, int kItems, bool kDense>
 __device__ __forceinline__ void store_compacted(const Tile<kThreads, kItems>& tile,
                                                 const int* run_offset, int32_t* out,
                                                 int64_t out_stride) {
-  constexpr int kWarps = Tile<kThreads, kItems>::kWarps;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const unsigned lanes_below = (1u << lane) - 1u;
   out = address_base(out);
+  int below[kItems];
+  load_runs<kItems>(run_offset + warp * kItems, below);
 #pragma unroll
   for (int j = 0; j < kItems; ++j) {
     // The position within the tile (< its column count) is computed unconditionally, so
     // only the store is predicated.
-    const int32_t pos = run_offset[j * kWarps + warp] + __popc(tile.valid[j] & lanes_below);
-    if (tile.slot[j] >= 0) out[(kDense ? pos : pos * out_stride)] = tile.slot[j];
+    const int32_t pos = below[j] + __popc(tile.valid[j] & lanes_below);
+    store_if_valid(out + (kDense ? pos : pos * out_stride), tile.slot[j]);
   }
 }
 
@@ -160,15 +235,24 @@ __device__ __forceinline__ void store_in_place(const Tile<kThreads, kItems>& til
  *        live.
  * \note  One unsigned compare per column (c - from < live - from), not the two bounds: the
  *        bound `live` is also the loads' predicate, which the compiler would otherwise keep
- *        live in predicate registers through the whole conversion.
+ *        live in predicate registers through the whole conversion. A full tile (live >=
+ *        its columns) tests c >= from only.
  */
 template <int kThreads, int kItems, bool kDense>
 __device__ __forceinline__ void fill_columns(int32_t from, int32_t live, int32_t* out,
                                              int64_t out_stride) {
   const int32_t i = static_cast<int32_t>(threadIdx.x);
+  int32_t* mine = address_base(out + (kDense ? i : i * out_stride));
+  if (live >= kThreads * kItems) {  // a full tile (the whole CTA): only c >= from to test
+    const int32_t above = i - from;  // column c = i + j * kThreads is filled when >= from
+#pragma unroll
+    for (int j = 0; j < kItems; ++j) {
+      if (above >= -j * kThreads) mine[kDense ? j * kThreads : j * kThreads * out_stride] = -1;
+    }
+    return;
+  }
   const uint32_t base = static_cast<uint32_t>(i - from);
   const uint32_t n = static_cast<uint32_t>(live - from);
-  int32_t* mine = address_base(out + (kDense ? i : i * out_stride));
 #pragma unroll
   for (int j = 0; j < kItems; ++j) {
     if (base + j * kThreads < n) mine[kDense ? j * kThreads : j * kThreads * out_stride] = -1;
@@ -190,7 +274,7 @@ __device__ __forceinline__ void convert_split(const ConvertIndexArgs& a, const F
   constexpr int kThreads = kSplitThreads;
   constexpr int kRuns = Tile<kThreads, kItems>::kRuns;
   constexpr int32_t kTile = kThreads * kItems;
-  __shared__ int run_offset[kRuns + 1];
+  __shared__ __align__(16) int run_offset[kRuns + 1];
   __shared__ uint32_t part_count[kMaxParts];  // the other parts' counts, pushed
   __shared__ uint64_t counts_landed;
   const int parts = static_cast<int>(by_parts.d);
@@ -216,7 +300,7 @@ __device__ __forceinline__ void convert_split(const ConvertIndexArgs& a, const F
   // Every load before the row lookup.
   load_tile<kThreads, kItems, kDense>(
       a.token_indices.row(t) + (kDense ? first : first * in_stride), live, in_stride, tile);
-  convert_loaded<kThreads, kItems, kDense, kPow2>(a, convert_row(a, t), tile);
+  convert_loaded<kThreads, kItems, kDense, kPow2, !kCompact>(a, convert_row(a, t), tile);
   if constexpr (!kCluster) {
     store_in_place<kThreads, kItems, kDense>(tile, live, out_tile, out_stride);
   } else {
@@ -282,7 +366,7 @@ __global__ void __launch_bounds__(kThreads, kRowMinBlocks)
   constexpr int kItems = kRowItems;
   constexpr int kRuns = Tile<kThreads, kItems>::kRuns;
   constexpr int64_t kTile = static_cast<int64_t>(kThreads) * kItems;
-  __shared__ int run_offset[kRuns + 1];
+  __shared__ __align__(16) int run_offset[kRuns + 1];
   await_previous_kernel();
 
   const int64_t K = a.token_indices.cols;
@@ -302,7 +386,7 @@ __global__ void __launch_bounds__(kThreads, kRowMinBlocks)
     load_tile<kThreads, kItems, kDense>(in, live(0), in_stride, tile);
     const ConvertRow row = convert_row(a, t);
     for (int64_t first = 0;;) {
-      convert_loaded<kThreads, kItems, kDense, kPow2>(a, row, tile);
+      convert_loaded<kThreads, kItems, kDense, kPow2, !kCompact>(a, row, tile);
       if (need_count) count_tile<kThreads, kItems>(tile, run_offset);
       if constexpr (kCompact) {
         store_compacted<kThreads, kItems, kDense>(

@@ -31,6 +31,9 @@ struct ConvertIndexArgs {
   int64_t workspace_rank_stride = 0;
   FastDiv by_block_size;
   int32_t block_stride = 0;
+  //! decode_slots' overflow bound: INT32_MAX / block_stride (entry_limit_for; 0 when unset,
+  //! which convert_pow2 rejects).
+  uint32_t entry_limit = 0;
   DcpLayout dcp;
   int32_t rank = 0;
   bool compact = false;
@@ -125,17 +128,27 @@ DSA_HD PagedSlot token_slot(const ConvertIndexArgs& a, const ConvertRow& row, in
   return src;
 }
 
+//! The largest block-table entry e with e * stride <= INT32_MAX (stride >= 1).
+inline uint32_t entry_limit_for(int32_t stride) {
+  return stride >= 1 ? static_cast<uint32_t>(INT32_MAX / stride) : 0u;
+}
+
 /*!
- * \brief Whether token_slot<true> applies: the block size is a power of two, and so are the
- *        interleave and world size when the world is not 1 (locate is skipped at 1); and
- *        W * BS and W * I are at most 2^31, which token_slot<true>'s single compare and
- *        locate<true> need.
+ * \brief Whether token_slot<true> and decode_slots apply: the block size is a power of two,
+ *        and so are the interleave and world size when the world is not 1 (locate is
+ *        skipped at 1); W * BS and W * I are at most 2^31, which token_slot<true>'s single
+ *        compare and locate<true> need; and BS <= block_stride <= 2^31 + 1 - BS (the op
+ *        asks for block_stride >= BS) with entry_limit set, which decode_slots' range check
+ *        needs.
  */
 inline bool convert_pow2(const ConvertIndexArgs& a) {
   const uint64_t w = static_cast<uint64_t>(a.dcp.world);
   const uint64_t limit = uint64_t{1} << 31;
   return a.by_block_size.pow2() && (a.dcp.world == 1 || a.dcp.pow2()) &&
-         w * a.by_block_size.d <= limit && w * static_cast<uint64_t>(a.dcp.interleave) <= limit;
+         w * a.by_block_size.d <= limit && w * static_cast<uint64_t>(a.dcp.interleave) <= limit &&
+         static_cast<int64_t>(a.block_stride) >= static_cast<int64_t>(a.by_block_size.d) &&
+         static_cast<int64_t>(a.block_stride) + a.by_block_size.d <= (int64_t{1} << 31) + 1 &&
+         a.entry_limit == entry_limit_for(a.block_stride);
 }
 
 //! Slot of token position `tok` for one row, or -1 (both steps, one after the other).
@@ -147,22 +160,98 @@ DSA_HD int32_t convert_token(const ConvertIndexArgs& a, const ConvertRow& row, i
 }
 
 /*!
+ * \brief convert_token of N token ids of a decode row (no workspace) in place, when
+ *        convert_pow2(a) holds: the same slots as token_slot<true> + paged_slot_value, in
+ *        fewer instructions per token (the kernels issue-bound on many rows pay per token).
+ *
+ * - Position: the owner's bits (I * W > p >= I, the field [li, li + lw)) are cut out of
+ *   the token with one shift and one bit select, local = (p & (I-1)) | ((p >> lw) &
+ *   ~(I-1)), which is locate<true>'s cycle * I + p % I; the owner test is one masked
+ *   compare, ((p ^ r << li) & (W-1) << li) == 0. A negative token has local >= 2^(31-lw)
+ *   (bit 31 lands at 31 - lw >= li), so its block is past `reach` as in token_slot<true>.
+ * - The validity of a token is the block-table load's own predicate (no block / offset
+ *   sentinel pair to select and test again): a token without a slot loads nothing and
+ *   takes the entry -1, which the range check rejects.
+ * - Range check, one unsigned min: with stride >= BS (convert_pow2), a negative entry gives
+ *   a negative slot and an entry past entry_limit one >= 2^31. e = min((uint32)entry,
+ *   entry_limit + 1) keeps every entry that can give a slot in range, and makes every
+ *   other one (the -1 above included: 2^32 - 1) give e * stride + within in [2^31, 2^32):
+ *   (entry_limit + 1) * stride > INT32_MAX, and <= INT32_MAX + stride, so with stride + BS
+ *   <= 2^31 + 1 (convert_pow2) nothing wraps. The slot is then valid exactly when its
+ *   32-bit value is not negative.
+ *
+ * kExact false: an invalid slot is some negative value, not necessarily -1 (the compacting
+ * callers test only slot >= 0); true: exactly -1.
+ */
+template <bool kWorldOne, bool kExact, int N>
+DSA_HD void decode_slots(const ConvertIndexArgs& a, const ConvertRow& row, int32_t (&slot)[N],
+                         int64_t table_stride) {
+  const uint32_t lb = a.by_block_size.l, lw = kWorldOne ? 0u : a.dcp.by_world.l;
+  const uint32_t li = kWorldOne ? 0u : a.dcp.by_interleave.l;
+  const uint32_t low_mask = kWorldOne ? 0u : (1u << li) - 1u;  // p % I
+  const uint32_t owner_mask = kWorldOne ? 0u : (static_cast<uint32_t>(a.dcp.world) - 1u) << li;
+  const uint32_t owner_bits = kWorldOne ? 0u : static_cast<uint32_t>(a.rank) << li;
+  // With a world of 1 every owner is 0: no block for another rank. A rank outside [0, W)
+  // owns nothing (token_slot's owner == rank never holds).
+  uint32_t blocks = row.blocks;
+  if (kWorldOne ? a.rank != 0 : static_cast<uint32_t>(a.rank) >= static_cast<uint32_t>(a.dcp.world)) {
+    blocks = 0;
+  }
+  const uint32_t reach = 0x80000000u >> (lw + lb);
+  blocks = blocks < reach ? blocks : reach;
+  const uint32_t bs_mask = a.by_block_size.d - 1u;
+  uint32_t within[N];
+  int32_t entry[N];
+  DSA_UNROLL
+  for (int j = 0; j < N; ++j) {
+    const uint32_t p = static_cast<uint32_t>(slot[j]);
+    const uint32_t local = kWorldOne ? p : (p & low_mask) | ((p >> lw) & ~low_mask);
+    const uint32_t blk = local >> lb;
+    within[j] = local & bs_mask;
+    const bool valid = blk < blocks && (kWorldOne || ((p ^ owner_bits) & owner_mask) == 0u);
+    entry[j] = valid ? load_read_only(row.table_row + static_cast<int64_t>(blk) * table_stride)
+                     : -1;
+  }
+  const uint32_t stride = static_cast<uint32_t>(a.block_stride);
+  const uint32_t past = a.entry_limit + 1u;  // <= 2^31
+  DSA_UNROLL
+  for (int j = 0; j < N; ++j) {
+    const uint32_t e = static_cast<uint32_t>(entry[j]) < past ? static_cast<uint32_t>(entry[j])
+                                                                : past;
+    const int32_t s = static_cast<int32_t>(e * stride + within[j]);
+    slot[j] = kExact ? (s < -1 ? -1 : s) : s;
+  }
+}
+
+/*!
  * \brief convert_token of N token ids in place (-1 stays -1), in its two steps: every
  *        block-table load is issued before the first is used, so N gathers cost one round
  *        trip, not N. `table_stride` is the table's column stride (a constant 1 saves the
  *        multiply).
  *
- * kUnswitch: the common row, a decode row without DCP (world 1, no workspace), is tested
- * once for the N tokens and converted by a copy of the loop that knows it, without a branch
- * per token. It costs code and, for some callers, registers (the per-row top-K's staged
- * conversion does without it).
+ * kUnswitch: the common row, a decode row (no workspace), is tested once for the N tokens
+ * and converted by a copy of the loop that knows it, without a branch per token:
+ * decode_slots when kPow2 (convert_pow2), world 1 or not; token_slot<false, true> at world
+ * 1 otherwise. It costs code and, for some callers, registers (the per-row top-K's staged
+ * conversion does without it). kExact: as decode_slots (the other paths are always exact).
+ * The CPU loop calls this with the kernels' template arguments.
  */
-template <bool kPow2 = false, bool kUnswitch = false, int N>
+template <bool kPow2 = false, bool kUnswitch = false, bool kExact = true, int N>
 DSA_HD void convert_tokens(const ConvertIndexArgs& a, const ConvertRow& row, int32_t (&slot)[N],
                            int64_t table_stride) {
+  if constexpr (kUnswitch && kPow2) {
+    if (row.workspace_base < 0) {
+      if (a.dcp.world == 1) {
+        decode_slots<true, kExact>(a, row, slot, table_stride);
+      } else {
+        decode_slots<false, kExact>(a, row, slot, table_stride);
+      }
+      return;
+    }
+  }
   PagedSlot src[N];
   int32_t entry[N];
-  if (kUnswitch && a.dcp.world == 1 && row.workspace_base < 0) {
+  if (kUnswitch && !kPow2 && a.dcp.world == 1 && row.workspace_base < 0) {
     DSA_UNROLL
     for (int j = 0; j < N; ++j) src[j] = token_slot<kPow2, true>(a, row, slot[j]);
   } else {

@@ -128,6 +128,7 @@ void topk_to_slots(const Desc2& logits, int64_t k, const Desc1& lengths, const D
   a.convert.valid_counts = Strided1D<int32_t>(valid_counts);
   a.convert.by_block_size = FastDiv(static_cast<uint32_t>(block_size));
   a.convert.block_stride = static_cast<int32_t>(block_stride);
+  a.convert.entry_limit = entry_limit_for(a.convert.block_stride);
   a.convert.dcp = DcpLayout(1, 1);
   a.convert.compact = compact;
   run_on(Place{device, stream}, a, topk_to_slots_cpu, topk_to_slots_cuda);
