@@ -25,17 +25,27 @@ __global__ void __launch_bounds__(kThreads) c128a_metadata_kernel(const C128AArg
     if (row.decode && blockIdx.x == 0 && threadIdx.x == 0) a.decode_lens[t] = row.n;
     for (int64_t first = blockIdx.x * block_cols; first < a.width; first += step) {
       // Chunk j of thread i starts at column first + (j * kThreads + i) * 4: each store
-      // instruction of a warp covers 512 contiguous bytes.
+      // instruction of a warp covers 512 contiguous bytes. All kItems block-table loads
+      // are issued before the first is used (paged_slot_values).
+      PagedSlot src[kItems];
+#pragma unroll
+      for (int q = 0; q < kItems; ++q) {
+        const int64_t c =
+            first + (static_cast<int64_t>(q / 4) * kThreads + threadIdx.x) * 4 + q % 4;
+        src[q] = c < a.width ? c128a_source(a, row, c) : PagedSlot{};
+      }
+      int32_t v[kItems];
+      paged_slot_values(src, row.table_row, a.block_table.col_stride, a.by_block_size.d, v);
 #pragma unroll
       for (int j = 0; j < kChunks; ++j) {
         const int64_t c0 = first + (static_cast<int64_t>(j) * kThreads + threadIdx.x) * 4;
         if (kVector && c0 + 4 <= a.width) {
           *reinterpret_cast<int4*>(row.out + c0) =
-              make_int4(c128a_entry(a, row, c0), c128a_entry(a, row, c0 + 1),
-                        c128a_entry(a, row, c0 + 2), c128a_entry(a, row, c0 + 3));
+              make_int4(v[4 * j], v[4 * j + 1], v[4 * j + 2], v[4 * j + 3]);
         } else {
-          for (int64_t c = c0; c < c0 + 4 && c < a.width; ++c) {
-            row.out[c * row.col_stride] = c128a_entry(a, row, c);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            if (c0 + e < a.width) row.out[(c0 + e) * row.col_stride] = v[4 * j + e];
           }
         }
       }

@@ -10,6 +10,7 @@
 
 #include "../common/dcp_math.h"
 #include "../common/launch.h"
+#include "../common/paged_slot.h"
 #include "../common/strided.h"
 
 namespace dsa {
@@ -40,6 +41,7 @@ struct C128ARow {
   int32_t n = 0;                       // entries [0, n) are real, [n, width) are -1
   bool decode = false;
   const int32_t* table_row = nullptr;  // decode rows: null when the request is invalid
+  uint32_t blocks = 0;                 // decode rows: the table row's columns (0: invalid)
 };
 
 /*!
@@ -59,7 +61,12 @@ DSA_HD C128ARow c128a_row(const C128AArgs& a, int64_t t) {
     row.col_stride = a.decode.col_stride;
     if (a.slot_mapping[t] < 0) row.n = 0;
     const int64_t req = a.token_to_req[t];
-    if (req >= 0 && req < a.block_table.rows) row.table_row = a.block_table.row(req);
+    if (req >= 0 && req < a.block_table.rows) {
+      row.table_row = a.block_table.row(req);
+      // Block indices are < 2^31 (i < width < 2^31): a count clamped below 2^32 is exact.
+      row.blocks = static_cast<uint32_t>(a.block_table.cols < UINT32_MAX ? a.block_table.cols
+                                                                          : UINT32_MAX);
+    }
   } else {
     row.out = a.prefill.row(t - a.num_decode);
     row.col_stride = a.prefill.col_stride;
@@ -68,22 +75,29 @@ DSA_HD C128ARow c128a_row(const C128AArgs& a, int64_t t) {
 }
 
 /*!
- * \brief Entry i (0 <= i < width < 2^31) of a row.
+ * \brief Where entry i (0 <= i < width < 2^31) of a row comes from (paged_slot.h), in two
+ *        steps so that a kernel issues a run of entries' block-table loads at once.
  *
  * decode: block_table[req, i // bs] * bs + i % bs, -1 when the block index is past the
- * table or the slot is outside [0, 2^31); prefill: i; both -1 for i >= n_t.
+ * table or the slot is outside [0, 2^31); prefill: i; both -1 for i >= n_t. Decode rows
+ * compute every entry and select at the end (no branch per entry on the device).
  */
-DSA_HD int32_t c128a_entry(const C128AArgs& a, const C128ARow& row, int64_t i) {
-  if (i >= row.n) return -1;
-  if (!row.decode) return static_cast<int32_t>(i);
-  if (row.table_row == nullptr) return -1;
+DSA_HD PagedSlot c128a_source(const C128AArgs& a, const C128ARow& row, int64_t i) {
+  if (!row.decode) return direct_slot(i < row.n ? i : -1);  // the same for the whole row
   const uint32_t blk = a.by_block_size.div(static_cast<uint32_t>(i));
-  if (blk >= static_cast<uint64_t>(a.block_table.cols)) return -1;
-  const int64_t bs = a.by_block_size.d;
-  const int64_t slot =
-      static_cast<int64_t>(row.table_row[blk * a.block_table.col_stride]) * bs +
-      (i - static_cast<int64_t>(blk) * bs);
-  return (slot >= 0 && slot <= INT32_MAX) ? static_cast<int32_t>(slot) : -1;
+  const bool valid = i < row.n && blk < row.blocks;
+  PagedSlot src;
+  src.block = valid ? static_cast<int32_t>(blk) : -1;
+  src.offset = valid ? static_cast<int32_t>(i) - static_cast<int32_t>(blk * a.by_block_size.d)
+                     : -1;
+  return src;
+}
+
+//! Entry i of a row (both steps, one after the other).
+DSA_HD int32_t c128a_entry(const C128AArgs& a, const C128ARow& row, int64_t i) {
+  const PagedSlot src = c128a_source(a, row, i);
+  return paged_slot_value(src, paged_slot_entry(src, row.table_row, a.block_table.col_stride),
+                          a.by_block_size.d);
 }
 
 void c128a_metadata_cpu(const C128AArgs& args);
