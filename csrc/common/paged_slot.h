@@ -48,18 +48,4 @@ DSA_HD int32_t paged_slot_value(const PagedSlot& src, int32_t entry, int64_t str
              : -1;
 }
 
-/*!
- * \brief The slots of N sources of one block-table row: every entry load is issued before
- *        the first is used, so N gathers cost one round trip, not N.
- */
-template <int N>
-DSA_HD void paged_slot_values(const PagedSlot (&src)[N], const int32_t* table_row,
-                              int64_t col_stride, int64_t stride, int32_t (&slot)[N]) {
-  int32_t entry[N];
-  DSA_UNROLL
-  for (int j = 0; j < N; ++j) entry[j] = paged_slot_entry(src[j], table_row, col_stride);
-  DSA_UNROLL
-  for (int j = 0; j < N; ++j) slot[j] = paged_slot_value(src[j], entry[j], stride);
-}
-
 }  // namespace dsa
