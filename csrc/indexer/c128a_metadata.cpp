@@ -9,12 +9,14 @@ template <int kRun>
 void fill_rows(const C128AArgs& a) {
   for (int64_t t = 0; t < a.num_tokens; ++t) {
     const C128ARow row = c128a_row(a, t);
-    const int32_t width = static_cast<int32_t>(a.width);
-    for (int32_t c0 = 0; c0 < width; c0 += 4) {
+    // 64-bit column counter: with width > 2^31 - 4 the last c0 + 4 passes INT32_MAX.
+    for (int64_t c0 = 0; c0 < a.width; c0 += 4) {
       int32_t entry[4 / kRun], v[4];
-      c128a_chunk_loads<kRun>(a, row, c0, entry);
-      c128a_chunk_values<kRun>(a, row, c0, entry, v);
-      for (int32_t e = 0; e < 4 && c0 + e < width; ++e) row.out[(c0 + e) * row.col_stride] = v[e];
+      c128a_chunk_loads<kRun>(a, row, static_cast<int32_t>(c0), entry);
+      c128a_chunk_values<kRun>(a, row, static_cast<int32_t>(c0), entry, v);
+      for (int64_t e = 0; e < 4 && c0 + e < a.width; ++e) {
+        row.out[(c0 + e) * row.col_stride] = v[e];
+      }
     }
     if (row.decode) a.decode_lens[t] = row.n;
   }

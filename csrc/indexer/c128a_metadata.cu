@@ -44,7 +44,7 @@ __global__ void __launch_bounds__(kThreads) c128a_metadata_kernel(const C128AArg
         const int32_t c0 = c_thread + j * kThreads * 4;
         int32_t v[4];
         c128a_chunk_values<kRun>(a, row, c0, entry[j], v);
-        if (kVector && c0 + 4 <= width) {
+        if (kVector && c0 <= width - 4) {  // c0 + 4 overflows at c0 = 2^31 - 4
           *reinterpret_cast<int4*>(row.out + c0) = make_int4(v[0], v[1], v[2], v[3]);
         } else {
 #pragma unroll
