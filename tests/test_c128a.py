@@ -193,11 +193,13 @@ def c128a_cases(draw):
     Td = draw(st.integers(0, T))
     R = draw(st.integers(0, 5))
     NB = draw(st.integers(1, 20))
-    bs = draw(st.sampled_from([1, 3, 4, 64, 256]))
+    bs = draw(st.sampled_from([1, 2, 3, 4, 8, 64, 256]))
     g = torch.Generator().manual_seed(draw(st.integers(0, 2**31)))
     positions = torch.randint(-2, width * ratio * 2, (T,), generator=g, dtype=I64)
     token_to_req = torch.randint(-1, R + 2, (T,), generator=g, dtype=I32)
-    full = torch.randint(-1, 1 << 22, (R, NB * 2), generator=g, dtype=I32)
+    # Large entries: slots past 2^31 - 1 (entry * bs + offset) must give -1.
+    top = draw(st.sampled_from([1 << 22, 2**31 - 1]))
+    full = torch.randint(-1, top, (R, NB * 2), generator=g, dtype=I32)
     block_table = full[:, ::2] if draw(st.booleans()) else full[:, :NB]
     slot_mapping = torch.randint(-1, 100, (T,), generator=g, dtype=I64)
     return positions, ratio, Td, token_to_req, block_table, bs, slot_mapping, width, cap
@@ -214,6 +216,25 @@ def test_random_cases_cpu(case):
 def test_random_cases_cuda(case):
     *args, width, cap = case
     run_both(torch.device("cuda"), *args, width, cap=cap)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("bs", [1, 2, 3, 8])
+@pytest.mark.parametrize("T, Td, width", [(5000, 3000, 1024), (70000, 40000, 12)])
+def test_many_rows_every_run(T, Td, width, bs):
+    # Every kind of chunk run (c128a_run: 1, 2, 4 entries per block-table load), and more
+    # rows than the grid's y dimension (the blocks loop over rows); padding tokens and
+    # invalid requests among them.
+    g = torch.Generator().manual_seed(T + width + bs)
+    R, NB = 7, (width + bs - 1) // bs
+    positions = torch.randint(-2, width * 128 * 2, (T,), generator=g, dtype=I64)
+    token_to_req = torch.randint(-1, R + 1, (T,), generator=g, dtype=I32)
+    block_table = torch.randint(-1, 1 << 22, (R, NB), generator=g, dtype=I32)
+    block_table[R // 2:] = torch.randint(2**31 - 2**20, 2**31 - 1, (R - R // 2, NB), generator=g,
+                                         dtype=I32)  # slots past 2^31 - 1: -1
+    slot_mapping = torch.randint(-1, 100, (T,), generator=g, dtype=I64)
+    run_both(torch.device("cuda"), positions, 128, Td, token_to_req, block_table, bs,
+             slot_mapping, width)
 
 
 @pytest.mark.cuda

@@ -3,11 +3,32 @@
 
 namespace dsa {
 
-void c128a_metadata_cpu(const C128AArgs& a) {
+namespace {
+
+template <int kRun>
+void fill_rows(const C128AArgs& a) {
   for (int64_t t = 0; t < a.num_tokens; ++t) {
     const C128ARow row = c128a_row(a, t);
-    for (int64_t i = 0; i < a.width; ++i) row.out[i * row.col_stride] = c128a_entry(a, row, i);
+    // 64-bit column counter: with width > 2^31 - 4 the last c0 + 4 passes INT32_MAX.
+    for (int64_t c0 = 0; c0 < a.width; c0 += 4) {
+      int32_t entry[4 / kRun], v[4];
+      c128a_chunk_loads<kRun>(a, row, static_cast<int32_t>(c0), entry);
+      c128a_chunk_values<kRun>(a, row, static_cast<int32_t>(c0), entry, v);
+      for (int64_t e = 0; e < 4 && c0 + e < a.width; ++e) {
+        row.out[(c0 + e) * row.col_stride] = v[e];
+      }
+    }
     if (row.decode) a.decode_lens[t] = row.n;
+  }
+}
+
+}  // namespace
+
+void c128a_metadata_cpu(const C128AArgs& a) {
+  switch (c128a_run(a)) {
+    case 4: fill_rows<4>(a); break;
+    case 2: fill_rows<2>(a); break;
+    default: fill_rows<1>(a);
   }
 }
 

@@ -5,37 +5,51 @@
 // device; each block then loops over its row's columns in steps of kThreads x kItems.
 // Decode and prefill rows share one launch and a block never diverges on the row kind.
 // Few, long-lived blocks pay the dependent loads of a row's setup (position, request,
-// table row) once per row instead of once per 4 KB of output. With dense 16-byte-aligned
-// rows each thread writes kItems columns as int4 stores, a warp's stores contiguous.
+// table row) once per row instead of once per 4 KB of output. A thread's block-table loads
+// of a step are issued together (c128a_chunk_loads), one per run of entries in one block
+// (c128a_run). With dense 16-byte-aligned rows each thread writes kItems columns as int4
+// stores, a warp's stores contiguous.
 #include "c128a_metadata.h"
 
 namespace dsa {
 namespace {
 
-constexpr int kItems = 8;  // columns per thread per step: two 16-byte stores
+#ifndef DSA_C128A_ITEMS
+#define DSA_C128A_ITEMS 8
+#endif
+constexpr int kItems = DSA_C128A_ITEMS;  // columns per thread per step: 16-byte chunks
 
-template <int kThreads, bool kVector>
+template <int kThreads, bool kVector, int kRun>
 __global__ void __launch_bounds__(kThreads) c128a_metadata_kernel(const C128AArgs a) {
   constexpr int kChunks = kItems / 4;  // 16-byte chunks per thread per step
   await_previous_kernel();
   const int64_t block_cols = static_cast<int64_t>(kThreads) * kItems;
   const int64_t step = static_cast<int64_t>(gridDim.x) * block_cols;
+  const int32_t width = static_cast<int32_t>(a.width);  // < 2^31
   for (int64_t t = blockIdx.y; t < a.num_tokens; t += gridDim.y) {
     const C128ARow row = c128a_row(a, t);
     if (row.decode && blockIdx.x == 0 && threadIdx.x == 0) a.decode_lens[t] = row.n;
     for (int64_t first = blockIdx.x * block_cols; first < a.width; first += step) {
       // Chunk j of thread i starts at column first + (j * kThreads + i) * 4: each store
-      // instruction of a warp covers 512 contiguous bytes.
+      // instruction of a warp covers 512 contiguous bytes. Every block-table load of the
+      // step is issued before the first is used.
+      const int32_t c_thread = static_cast<int32_t>(first) + static_cast<int32_t>(threadIdx.x) * 4;
+      int32_t entry[kChunks][4 / kRun];
 #pragma unroll
       for (int j = 0; j < kChunks; ++j) {
-        const int64_t c0 = first + (static_cast<int64_t>(j) * kThreads + threadIdx.x) * 4;
-        if (kVector && c0 + 4 <= a.width) {
-          *reinterpret_cast<int4*>(row.out + c0) =
-              make_int4(c128a_entry(a, row, c0), c128a_entry(a, row, c0 + 1),
-                        c128a_entry(a, row, c0 + 2), c128a_entry(a, row, c0 + 3));
+        c128a_chunk_loads<kRun>(a, row, c_thread + j * kThreads * 4, entry[j]);
+      }
+#pragma unroll
+      for (int j = 0; j < kChunks; ++j) {
+        const int32_t c0 = c_thread + j * kThreads * 4;
+        int32_t v[4];
+        c128a_chunk_values<kRun>(a, row, c0, entry[j], v);
+        if (kVector && c0 <= width - 4) {  // c0 + 4 overflows at c0 = 2^31 - 4
+          *reinterpret_cast<int4*>(row.out + c0) = make_int4(v[0], v[1], v[2], v[3]);
         } else {
-          for (int64_t c = c0; c < c0 + 4 && c < a.width; ++c) {
-            row.out[c * row.col_stride] = c128a_entry(a, row, c);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            if (c0 + e < width) row.out[(c0 + e) * row.col_stride] = v[e];
           }
         }
       }
@@ -46,18 +60,34 @@ __global__ void __launch_bounds__(kThreads) c128a_metadata_kernel(const C128AArg
 //! An empty view needs no alignment; a non-empty one must have dense aligned rows.
 bool vectorizable(const Strided2D<int32_t>& s) { return s.rows == 0 || s.rows_vectorizable(); }
 
-template <int kThreads>
-void launch(const C128AArgs& a, const Place& place) {
+template <int kThreads, bool kVector, int kRun>
+void launch_kernel_for(const C128AArgs& a, const Place& place) {
   const int64_t rows = a.num_tokens < kMaxGridY ? a.num_tokens : kMaxGridY;
   const int64_t per_block = static_cast<int64_t>(kThreads) * kItems;
   const int64_t max_x = (a.width + per_block - 1) / per_block;  // one step per thread
   const int64_t want_x = (2 * sm_count(place.device) + rows - 1) / rows;  // >= 2 blocks/SM
   const int64_t grid_x = want_x < 1 ? 1 : (want_x > max_x ? max_x : want_x);
   const dim3 grid(static_cast<unsigned>(grid_x), static_cast<unsigned>(rows));
-  const bool vector = vectorizable(a.decode) && vectorizable(a.prefill);
-  launch_kernel(vector ? c128a_metadata_kernel<kThreads, true>
-                       : c128a_metadata_kernel<kThreads, false>,
-                grid, kThreads, place.cuda_stream(), "c128a_metadata kernel launch", a);
+  launch_kernel(c128a_metadata_kernel<kThreads, kVector, kRun>, grid, kThreads,
+                place.cuda_stream(), "c128a_metadata kernel launch", a);
+}
+
+template <int kThreads, bool kVector>
+void launch_run(const C128AArgs& a, const Place& place) {
+  switch (c128a_run(a)) {
+    case 4: launch_kernel_for<kThreads, kVector, 4>(a, place); break;
+    case 2: launch_kernel_for<kThreads, kVector, 2>(a, place); break;
+    default: launch_kernel_for<kThreads, kVector, 1>(a, place);
+  }
+}
+
+template <int kThreads>
+void launch(const C128AArgs& a, const Place& place) {
+  if (vectorizable(a.decode) && vectorizable(a.prefill)) {
+    launch_run<kThreads, true>(a, place);
+  } else {
+    launch_run<kThreads, false>(a, place);
+  }
 }
 
 }  // namespace

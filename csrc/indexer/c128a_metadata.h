@@ -10,6 +10,7 @@
 
 #include "../common/dcp_math.h"
 #include "../common/launch.h"
+#include "../common/numeric.h"  // load_read_only
 #include "../common/strided.h"
 
 namespace dsa {
@@ -40,6 +41,7 @@ struct C128ARow {
   int32_t n = 0;                       // entries [0, n) are real, [n, width) are -1
   bool decode = false;
   const int32_t* table_row = nullptr;  // decode rows: null when the request is invalid
+  uint32_t blocks = 0;                 // decode rows: the table row's columns (0: invalid)
 };
 
 /*!
@@ -59,7 +61,12 @@ DSA_HD C128ARow c128a_row(const C128AArgs& a, int64_t t) {
     row.col_stride = a.decode.col_stride;
     if (a.slot_mapping[t] < 0) row.n = 0;
     const int64_t req = a.token_to_req[t];
-    if (req >= 0 && req < a.block_table.rows) row.table_row = a.block_table.row(req);
+    if (req >= 0 && req < a.block_table.rows) {
+      row.table_row = a.block_table.row(req);
+      // Block indices are < 2^31 (i < width < 2^31): a count clamped below 2^32 is exact.
+      row.blocks = static_cast<uint32_t>(a.block_table.cols < UINT32_MAX ? a.block_table.cols
+                                                                          : UINT32_MAX);
+    }
   } else {
     row.out = a.prefill.row(t - a.num_decode);
     row.col_stride = a.prefill.col_stride;
@@ -68,22 +75,67 @@ DSA_HD C128ARow c128a_row(const C128AArgs& a, int64_t t) {
 }
 
 /*!
- * \brief Entry i (0 <= i < width < 2^31) of a row.
+ * \brief Entries sharing one block-table entry in a chunk (c128a_chunk_loads): min(bs, 4)
+ *        when the block size bs is a power of two, else 1 (a chunk's entries may then lie
+ *        in up to four blocks).
+ */
+inline int c128a_run(const C128AArgs& a) {
+  const uint32_t bs = a.by_block_size.d;
+  return !a.by_block_size.pow2() ? 1 : (bs >= 4 ? 4 : static_cast<int>(bs));
+}
+
+/*!
+ * \brief The entries c0 .. c0 + 3 of a row (c0 a multiple of 4, c0 < width < 2^31; an entry
+ *        at or past the width is computed and not stored), in two steps so that a kernel
+ *        issues all the block-table loads of its chunks before it uses any:
+ *        c128a_chunk_loads loads the 4 / kRun block-table entries, c128a_chunk_values makes
+ *        the four entries from them.
  *
  * decode: block_table[req, i // bs] * bs + i % bs, -1 when the block index is past the
  * table or the slot is outside [0, 2^31); prefill: i; both -1 for i >= n_t.
+ *
+ * kRun = c128a_run(a): with kRun > 1 (bs a power of two) the runs of kRun entries from c0
+ * on each lie in one block (kRun divides both c0 and bs), so a run takes one load, and the
+ * divisions are shifts and masks. The CPU loop takes the kernel's instantiation, so the CPU
+ * tests check the arithmetic the device runs.
  */
-DSA_HD int32_t c128a_entry(const C128AArgs& a, const C128ARow& row, int64_t i) {
-  if (i >= row.n) return -1;
-  if (!row.decode) return static_cast<int32_t>(i);
-  if (row.table_row == nullptr) return -1;
-  const uint32_t blk = a.by_block_size.div(static_cast<uint32_t>(i));
-  if (blk >= static_cast<uint64_t>(a.block_table.cols)) return -1;
-  const int64_t bs = a.by_block_size.d;
-  const int64_t slot =
-      static_cast<int64_t>(row.table_row[blk * a.block_table.col_stride]) * bs +
-      (i - static_cast<int64_t>(blk) * bs);
-  return (slot >= 0 && slot <= INT32_MAX) ? static_cast<int32_t>(slot) : -1;
+template <int kRun>
+DSA_HD void c128a_chunk_loads(const C128AArgs& a, const C128ARow& row, int32_t c0,
+                              int32_t (&entry)[4 / kRun]) {
+  constexpr bool kPow2 = kRun > 1;
+  DSA_UNROLL
+  for (int r = 0; r < 4 / kRun; ++r) {
+    const int32_t c = c0 + r * kRun;
+    const uint32_t blk = a.by_block_size.div<kPow2>(static_cast<uint32_t>(c));
+    // An invalid request has no blocks (row.blocks 0): no load.
+    const bool load = row.decode && c < row.n && blk < row.blocks;
+    entry[r] = load ? load_read_only(row.table_row + blk * a.block_table.col_stride) : 0;
+  }
+}
+
+template <int kRun>
+DSA_HD void c128a_chunk_values(const C128AArgs& a, const C128ARow& row, int32_t c0,
+                               const int32_t (&entry)[4 / kRun], int32_t (&v)[4]) {
+  constexpr bool kPow2 = kRun > 1;
+  if (!row.decode) {  // the same for the whole row
+    DSA_UNROLL
+    for (int e = 0; e < 4; ++e) v[e] = c0 + e < row.n ? c0 + e : -1;
+    return;
+  }
+  DSA_UNROLL
+  for (int r = 0; r < 4 / kRun; ++r) {
+    const uint32_t c = static_cast<uint32_t>(c0 + r * kRun);
+    const uint32_t blk = a.by_block_size.div<kPow2>(c);
+    const int64_t base = static_cast<int64_t>(entry[r]) * a.by_block_size.d +
+                         a.by_block_size.mod<kPow2>(c);
+    DSA_UNROLL
+    for (int q = 0; q < kRun; ++q) {
+      const int64_t slot = base + q;
+      const bool valid = static_cast<int32_t>(c) + q < row.n && blk < row.blocks &&
+                         static_cast<uint64_t>(slot) <= static_cast<uint64_t>(INT32_MAX);
+      v[r * kRun + q] = valid ? static_cast<int32_t>(slot) : -1;
+    }
+  }
 }
 
 void c128a_metadata_cpu(const C128AArgs& args);
