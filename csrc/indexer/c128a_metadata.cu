@@ -14,10 +14,9 @@
 namespace dsa {
 namespace {
 
-#ifndef DSA_C128A_ITEMS
-#define DSA_C128A_ITEMS 8
-#endif
-constexpr int kItems = DSA_C128A_ITEMS;  // columns per thread per step: 16-byte chunks
+// Columns per thread per step, as 16-byte chunks. 8 beat 16 on the H200 beside vLLM
+// (T = 4096, Td = 64: 5.53 against 6.54 us; equal at width 8192).
+constexpr int kItems = 8;
 
 template <int kThreads, bool kVector, int kRun>
 __global__ void __launch_bounds__(kThreads) c128a_metadata_kernel(const C128AArgs a) {
