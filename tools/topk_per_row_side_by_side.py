@@ -54,7 +54,9 @@ def main() -> int:
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, dsa_ext "
           f"{dsa_ext.__version__}; launch floor (1-element add_) {floor:.2f} us; k={K}")
     cases = [(B, L, 0, torch.float32) for B, L in SHAPES]
+    # 3 distinct scores: a threshold bin past the candidate list (the passes walk the slice).
     cases += [(64, 32768, 16, torch.float32), (64, 131072, 16, torch.float32),
+              (64, 131072, 3, torch.float32),
               (64, 32768, 0, torch.bfloat16), (64, 131072, 0, torch.bfloat16)]
     rows = []
     print(f"{'shape':22} {'vLLM best':>16} {'dsa_ext us':>10} {'ratio':>6} {'equal':>6} "

@@ -168,6 +168,25 @@ struct RowSlice {
       return score_key(__ldg(src + j));
     }
   }
+
+  /*!
+   * \brief Calls f(key) for every key of the slice, thread i taking the columns i,
+   *        i + kThreads, ...: kWalkWords loads in flight per thread (a pass over a streamed
+   *        slice is bound by its round trips). Every thread calls it.
+   */
+  template <typename F>
+  __device__ __forceinline__ void for_each_key(F&& f) const {
+    constexpr uint32_t kStep = kThreads * kWalkWords;
+    uint32_t base = 0;
+    for (; n - base >= kStep; base += kStep) {  // base <= n throughout
+      uint32_t k[kWalkWords];
+#pragma unroll
+      for (int u = 0; u < kWalkWords; ++u) k[u] = key(base + u * kThreads + threadIdx.x);
+#pragma unroll
+      for (int u = 0; u < kWalkWords; ++u) f(k[u]);
+    }
+    for (uint32_t j = base + threadIdx.x; j < n; j += kThreads) f(key(j));
+  }
 };
 
 //! Where the 16-byte vectors of a slice of `n` columns at `src` lie: `head` columns before
@@ -730,7 +749,7 @@ __global__ void __launch_bounds__(kThreads, 1024 / kThreads)  // 64 registers
         if (listed) {
           for (uint32_t c = threadIdx.x; c < listed_count; c += kThreads) count(m.cand[c].x);
         } else {
-          for (uint32_t j = threadIdx.x; j < slice.n; j += kThreads) count(slice.key(j));
+          slice.for_each_key(count);
         }
       }
       __syncthreads();
