@@ -326,14 +326,44 @@ def test_plan_override_takes_only_built_plans():
 def test_plans_by_shape():
     from dsa_ext import _C
     plan = lambda rows, L: tuple(_C.topk_per_row_plan(rows, L, 0))  # noqa: E731
-    assert plan(1, 32768) == (8, 4096, 1)
-    assert plan(64, 32768) == (2, 16384, 1)
-    assert plan(256, 32768) == (1, 32768, 0)  # past one wave: streamed
-    assert plan(16, 131072) == (8, 16384, 1)
-    assert plan(64, 131072) == (2, 65536, 0)  # past one CTA's shared memory: streamed
-    assert plan(256, 131072) == (2, 65536, 0)
-    assert plan(1, 1 << 20) == (8, 131072, 0)
-    assert plan(100000, 100) == (1, 100, 0)
+    assert plan(1, 32768) == (8, 4096, 1, 0)
+    assert plan(64, 32768) == (2, 16384, 1, 0)
+    assert plan(256, 32768) == (1, 32768, 0, 0)  # past one wave: streamed
+    assert plan(16, 131072) == (8, 16384, 1, 0)
+    assert plan(64, 131072) == (2, 65536, 0, 0)  # past one CTA's shared memory: streamed
+    assert plan(256, 131072) == (2, 65536, 0, 0)
+    assert plan(1, 1 << 20) == (8, 131072, 0, 0)
+    # Rows of at most 4096 columns: the short-row kernel (unsorted ids).
+    assert plan(100000, 100)[3] == 1
+    assert plan(64, 4096)[3] == 1 and plan(64, 4097)[3] == 0
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("L", [1, 100, 1024, 1025, 2048, 2049, 4095, 4096])
+def test_short_row_kernel_equals_the_cpu(L):
+    """Rows of at most 4096 columns take the short-row kernel (each of its widths of 4, 8
+    and 16 keys per thread): many rows of randn, 4-value (ties at the threshold) and
+    special values, full or clamped lengths, fp32 and bf16, against the CPU and the forced
+    cluster plan."""
+    from dsa_ext import _C
+    assert _C.topk_per_row_plan(300, L, 0)[3] == 1
+    g = torch.Generator().manual_seed(L)
+    x = torch.randn(300, L, generator=g)
+    x[100:200] = torch.randint(0, 4, (100, L), generator=g).float()
+    table = torch.tensor([0.0, -0.0, math.inf, -math.inf, math.nan, -math.nan, 1.0])
+    x[200:] = table[torch.randint(0, len(table), (100, L), generator=g)]
+    lengths = torch.randint(-2, L + 3, (300,), generator=g, dtype=I32)
+    for dtype in (torch.float32, torch.bfloat16):
+        xs = x.to(dtype)
+        for k in (1, 7, 512, 2048, max(1, L - 1)):
+            for kw in ({}, {"lengths": lengths}):
+                want = dsa_ext.topk_per_row(xs, k, **kw)
+                kw_dev = {n: v.cuda() for n, v in kw.items()}
+                got = dsa_ext.topk_per_row(xs.cuda(), k, **kw_dev)
+                assert_equal(got, want, L=L, k=k, dtype=dtype, lengths=bool(kw))
+                with forced_topk_plan(1):
+                    assert_equal(dsa_ext.topk_per_row(xs.cuda(), k, **kw_dev), want, L=L, k=k,
+                                 dtype=dtype, lengths=bool(kw), plan=1)
 
 
 PLANS = [1, 2, 3, 5, 6, 8, 16, 101, 104, 108]

@@ -87,6 +87,13 @@ constexpr int64_t kPlanSlice = 65536;
 //! there are at most this many of them (topk_to_slots converts kStagedPerThread per thread).
 constexpr int64_t kStagedSlots = 4096;
 constexpr int kStagedPerThread = static_cast<int>(kStagedSlots / kThreads);
+//! The short-row kernel (topk_short_rows_kernel): its block size, and the most keys per
+//! thread it keeps in registers (rows of at most kShortColumns columns).
+constexpr int kShortThreads = 256;
+constexpr int kShortMaxItems = 16;
+//! CTAs per SM the short-row kernel keeps registers for (64 each: 16 keys per thread fit).
+constexpr int kShortMinBlocks = 4;
+constexpr int64_t kShortColumns = int64_t{kShortThreads} * kShortMaxItems;
 
 //! Digit passes: shift of the digit and its width.
 __device__ __forceinline__ int pass_shift(int pass) { return pass == 0 ? 21 : pass == 1 ? 10 : 0; }
@@ -1025,6 +1032,135 @@ __global__ void __launch_bounds__(kThreads, 1024 / kThreads)  // 64 registers
   if (cluster > 1) cg::this_cluster().barrier_wait();
 }
 
+/*!
+ * \brief Short rows (at most kShortThreads * kItems columns, ids unsorted): one CTA per row,
+ *        the row's keys in registers (column j * kShortThreads + i in item j of thread i),
+ *        radix select by 8-bit digits over them (four passes at most, 256-bin histograms one
+ *        warp scans), then the selected columns written in ascending column order, each at
+ *        the number of selected columns before it (ballots and a scan of the 32-column run
+ *        counts). The cluster kernel's fixed costs (2048-bin histograms, candidate list,
+ *        bitmaps, 80 KB of shared memory) outweigh the work of a row this short; this one
+ *        keeps several CTAs per SM. Grid-stride over the rows.
+ */
+template <typename Bits, int kItems>
+__global__ void __launch_bounds__(kShortThreads, kShortMinBlocks) topk_short_rows_kernel(const TopkPerRowArgs a) {
+  constexpr int kShortWarps = kShortThreads / 32;
+  constexpr int kRuns = kItems * kShortWarps;  // run j * kShortWarps + w: item j of warp w
+  constexpr int kRunsPerLane = kRuns / 32;
+  static_assert(kRuns % 32 == 0, "warp 0 scans the run counts, kRunsPerLane per lane");
+  __shared__ __align__(16) uint32_t hist[256];
+  __shared__ uint32_t runs[kRuns];  // (equal << 16) | above per run, then exclusive offsets
+  __shared__ uint32_t found[3];     // digit, keys above its bin, keys in its bin
+  await_previous_kernel();
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const unsigned lanes_below = (1u << lane) - 1u;
+  const int64_t k = a.k;
+
+  for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
+    const RowWindow w = row_window(a, row);
+    const int32_t n = static_cast<int32_t>(w.count);  // <= kShortThreads * kItems
+    int32_t* out = a.out.row(row);
+    const int64_t stride = a.out.col_stride;
+    if (n <= k) {  // the whole window, then -1
+      for (int64_t j = threadIdx.x; j < k; j += kShortThreads) {
+        out[j * stride] = j < n ? static_cast<int32_t>(j) : -1;
+      }
+      continue;
+    }
+    const Bits* src = static_cast<const Bits*>(a.logits) + row * a.row_stride + w.start;
+    uint32_t key[kItems];
+#pragma unroll
+    for (int j = 0; j < kItems; ++j) {
+      const int32_t c = j * kShortThreads + static_cast<int32_t>(threadIdx.x);
+      key[j] = c < n ? score_key(__ldcs(src + c)) : 0u;
+    }
+
+    // The selection: keys with high_bits(key, shift) > threshold, and the first `remaining`
+    // (column order) of those equal to it.
+    uint32_t prefix = 0, remaining = static_cast<uint32_t>(k);
+    int shift = 32;
+    for (int digit_shift = 24; digit_shift >= 0; digit_shift -= 8) {
+      hist[threadIdx.x % 256] = 0;  // kShortThreads >= 256
+      __syncthreads();
+      const uint32_t want = high_bits(prefix, digit_shift + 8);
+#pragma unroll
+      for (int j = 0; j < kItems; ++j) {
+        const int32_t c = j * kShortThreads + static_cast<int32_t>(threadIdx.x);
+        if (c < n && high_bits(key[j], digit_shift + 8) == want) {
+          atomicAdd(&hist[(key[j] >> digit_shift) & 255u], 1u);
+        }
+      }
+      __syncthreads();
+      if (warp == 0) {  // lane l holds bins 255 - 8 l - i, i = 0..7 (from the top)
+        const uint4 lo = *reinterpret_cast<const uint4*>(&hist[248 - 8 * lane]);
+        const uint4 hi = *reinterpret_cast<const uint4*>(&hist[252 - 8 * lane]);
+        const uint32_t bin[8] = {hi.w, hi.z, hi.y, hi.x, lo.w, lo.z, lo.y, lo.x};
+        uint32_t sum = 0;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) sum += bin[i];
+        uint32_t acc = warp_inclusive_sum(sum) - sum;  // keys in the bins above this lane's
+        if (acc < remaining && remaining <= acc + sum) {
+#pragma unroll
+          for (int i = 0; i < 8; ++i) {
+            if (acc < remaining && remaining <= acc + bin[i]) {
+              found[0] = 255u - 8u * lane - i, found[1] = acc, found[2] = bin[i];
+            }
+            acc += bin[i];
+          }
+        }
+      }
+      __syncthreads();
+      prefix |= found[0] << digit_shift;
+      remaining -= found[1];
+      shift = digit_shift;
+      // found is rewritten only after the next pass's two barriers.
+      if (found[2] == remaining) break;  // the whole bin is taken: nothing to refine
+    }
+    const uint32_t threshold = high_bits(prefix, shift);
+
+    // Output positions: run counts of the keys above and equal to the threshold, scanned
+    // in column order by warp 0, then each selected column's rank among the selected.
+    const auto above = [&](int j) {
+      const int32_t c = j * kShortThreads + static_cast<int32_t>(threadIdx.x);
+      return c < n && high_bits(key[j], shift) > threshold;
+    };
+    const auto equal = [&](int j) {
+      const int32_t c = j * kShortThreads + static_cast<int32_t>(threadIdx.x);
+      return c < n && high_bits(key[j], shift) == threshold;
+    };
+#pragma unroll
+    for (int j = 0; j < kItems; ++j) {
+      const uint32_t na = __popc(__ballot_sync(0xffffffffu, above(j)));
+      const uint32_t ne = __popc(__ballot_sync(0xffffffffu, equal(j)));
+      if (lane == 0) runs[j * kShortWarps + warp] = (ne << 16) | na;  // each <= 32
+    }
+    __syncthreads();
+    if (warp == 0) {  // exclusive scan; the halves stay apart (each total <= kItems * 256)
+      uint32_t v[kRunsPerLane], sum = 0;
+#pragma unroll
+      for (int r = 0; r < kRunsPerLane; ++r) v[r] = runs[lane * kRunsPerLane + r], sum += v[r];
+      uint32_t acc = warp_inclusive_sum(sum) - sum;
+#pragma unroll
+      for (int r = 0; r < kRunsPerLane; ++r) runs[lane * kRunsPerLane + r] = acc, acc += v[r];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < kItems; ++j) {
+      const bool is_above = above(j), is_equal = equal(j);
+      const unsigned ba = __ballot_sync(0xffffffffu, is_above);
+      const unsigned be = __ballot_sync(0xffffffffu, is_equal);
+      const uint32_t before = runs[j * kShortWarps + warp];
+      const uint32_t above_before = (before & 0xffffu) + __popc(ba & lanes_below);
+      const uint32_t equal_before = (before >> 16) + __popc(be & lanes_below);
+      if (is_above || (is_equal && equal_before < remaining)) {
+        const uint32_t pos = above_before + (equal_before < remaining ? equal_before : remaining);
+        out[static_cast<int64_t>(pos) * stride] = j * kShortThreads + static_cast<int32_t>(threadIdx.x);
+      }
+    }
+    __syncthreads();  // runs and hist are rewritten by the next row
+  }
+}
+
 std::atomic<int> g_plan_override{-1};
 
 template <typename Bits, bool kResident, typename Sink>
@@ -1058,12 +1194,31 @@ void launch(const TopkPerRowArgs& a, const Sink& sink, const TopkPlan& plan, con
                           "topk_per_row kernel launch", a, sink, plan.cluster);
 }
 
+template <typename Bits, int kItems>
+void launch_short_rows(const TopkPerRowArgs& a, const Place& place) {
+  const unsigned grid = static_cast<unsigned>(a.rows < kMaxGridX ? a.rows : kMaxGridX);
+  launch_kernel(topk_short_rows_kernel<Bits, kItems>, grid, kShortThreads, place.cuda_stream(),
+                "topk_per_row kernel launch", a);
+}
+
+template <typename Bits>
+void launch_short_rows(const TopkPerRowArgs& a, const Place& place) {
+  if (a.cols <= kShortThreads * 4) return launch_short_rows<Bits, 4>(a, place);
+  if (a.cols <= kShortThreads * 8) return launch_short_rows<Bits, 8>(a, place);
+  launch_short_rows<Bits, kShortMaxItems>(a, place);
+}
+
 //! Picks the plan and the kernel for the score type and launches it.
 template <typename Sink>
 void run_selection(const TopkPerRowArgs& a, const Sink& sink, const Place& place) {
   if (a.rows == 0) return;
   DeviceGuard guard(place.device);
   const TopkPlan plan = topk_plan(a.rows, a.cols, sm_count(place.device));
+  if constexpr (std::is_same<Sink, IdsSink>::value) {  // the short-row kernel writes ids only
+    if (plan.short_rows && !a.sorted) {
+      return a.bf16 ? launch_short_rows<uint16_t>(a, place) : launch_short_rows<uint32_t>(a, place);
+    }
+  }
   if (a.bf16) {
     plan.resident ? launch<uint16_t, true>(a, sink, plan, place)
                   : launch<uint16_t, false>(a, sink, plan, place);
@@ -1084,6 +1239,7 @@ TopkPlan topk_plan(int64_t rows, int64_t cols, int64_t sms) {
     plan.resident = forced < 100 && plan.slice <= kSliceOneCta;
     return plan;
   }
+  plan.short_rows = cols <= kShortColumns;
   // Few rows: spread each over up to a cluster of 8 (latency). Slices of at most
   // kPlanSlice columns (a longer slice's threshold bin overflows the candidate list on
   // randn-like rows). Resident only when the launch is one wave of one CTA per SM: past it,
@@ -1116,10 +1272,10 @@ void set_topk_plan_override(int64_t code) {
   g_plan_override.store(static_cast<int>(code), std::memory_order_relaxed);
 }
 
-std::array<int64_t, 3> topk_per_row_plan(int64_t rows, int64_t cols, int64_t device) {
+std::array<int64_t, 4> topk_per_row_plan(int64_t rows, int64_t cols, int64_t device) {
   DeviceGuard guard(device);
   const TopkPlan plan = topk_plan(rows, cols, sm_count(device));
-  return {plan.cluster, plan.slice, plan.resident ? 1 : 0};
+  return {plan.cluster, plan.slice, plan.resident ? 1 : 0, plan.short_rows ? 1 : 0};
 }
 
 void topk_per_row_cuda(const TopkPerRowArgs& a, const Place& place) {

@@ -103,6 +103,9 @@ struct TopkPlan {
   int cluster = 1;
   int64_t slice = 0;
   bool resident = true;
+  //! Unsorted ids of rows this short take the short-row kernel instead (one CTA per row,
+  //! the keys in registers); the cluster plan above serves sorted rows and the fused sinks.
+  bool short_rows = false;
 };
 
 //! The plan for `rows` rows of at most `cols` columns on a device of `sms` multiprocessors
@@ -112,12 +115,13 @@ TopkPlan topk_plan(int64_t rows, int64_t cols, int64_t sms);
 /*!
  * \brief Tests and tuning: code < 0 lets topk_plan choose (the default); 1..16 forces
  *        that many CTAs per row (resident where the slices fit, else streamed); 100 + n
- *        forces n CTAs per row, streamed. Any other code throws std::invalid_argument.
+ *        forces n CTAs per row, streamed. A forced plan never takes the short-row kernel.
+ *        Any other code throws std::invalid_argument.
  */
 void set_topk_plan_override(int64_t code);
 
-//! The plan for a shape on CUDA device `device`: (cluster, slice, resident).
-std::array<int64_t, 3> topk_per_row_plan(int64_t rows, int64_t cols, int64_t device);
+//! The plan for a shape on CUDA device `device`: (cluster, slice, resident, short_rows).
+std::array<int64_t, 4> topk_per_row_plan(int64_t rows, int64_t cols, int64_t device);
 
 void topk_per_row_cpu(const TopkPerRowArgs& args);
 void topk_per_row_cuda(const TopkPerRowArgs& args, const Place& place);
