@@ -473,6 +473,7 @@ _register_topk_per_row(64, 32768, next_n=4)
 _register_topk_per_row(64, 32768, ragged=True)
 _register_topk_per_row(64, 32768, sorted=True)
 _register_topk_per_row(1, 1 << 20)
+_register_topk_per_row(4096, 2048, k=512)  # short rows: the short-row kernel
 for _rows in (1, 64):
     _register_topk_fused(_rows, 32768, "topk_to_slots")
     _register_topk_fused(_rows, 32768, "topk_to_candidates")
