@@ -1,7 +1,8 @@
 // Index conversion: request-local token ids -> physical paged-KV slots
 // (docs/ops.md section 2).
 //
-// The per-element rule (convert_token) is shared by the CPU loop and the CUDA kernel.
+// The per-element rule (token_slot, then paged_slot_value; convert_tokens applies it to N
+// tokens) is shared by the CPU loop and the CUDA kernel.
 #pragma once
 
 #include <array>
@@ -151,16 +152,8 @@ inline bool convert_pow2(const ConvertIndexArgs& a) {
          a.entry_limit == entry_limit_for(a.block_stride);
 }
 
-//! Slot of token position `tok` for one row, or -1 (both steps, one after the other).
-template <bool kPow2 = false>
-DSA_HD int32_t convert_token(const ConvertIndexArgs& a, const ConvertRow& row, int32_t tok) {
-  const PagedSlot src = token_slot<kPow2>(a, row, tok);
-  return paged_slot_value(src, paged_slot_entry(src, row.table_row, a.block_table.col_stride),
-                          a.block_stride);
-}
-
 /*!
- * \brief convert_token of N token ids of a decode row (no workspace) in place, when
+ * \brief The slots of N token ids of a decode row (no workspace) in place, when
  *        convert_pow2(a) holds: the same slots as token_slot<true> + paged_slot_value, in
  *        fewer instructions per token (the kernels issue-bound on many rows pay per token).
  *
@@ -224,7 +217,7 @@ DSA_HD void decode_slots(const ConvertIndexArgs& a, const ConvertRow& row, int32
 }
 
 /*!
- * \brief convert_token of N token ids in place (-1 stays -1), in its two steps: every
+ * \brief The slots of N token ids in place (-1 stays -1), in its two steps: every
  *        block-table load is issued before the first is used, so N gathers cost one round
  *        trip, not N. `table_stride` is the table's column stride (a constant 1 saves the
  *        multiply).

@@ -684,7 +684,7 @@ __device__ __forceinline__ ClusterSums cluster_exchange(SharedState& s, int slot
 /*!
  * \brief One kernel for the three ops: the selection, then a write phase that stores each
  *        selected id at its output position through the sink: the id (IdsSink), its slot
- *        (ConvertIndexArgs: convert_row / convert_token), or its candidate key
+ *        (ConvertIndexArgs: convert_row / convert_tokens), or its candidate key
  *        (PackCandidatesArgs: pack_candidate).
  */
 template <typename Bits, bool kResident, typename Sink>

@@ -128,7 +128,7 @@ void topk_per_row_cuda(const TopkPerRowArgs& args, const Place& place);
 
 /*!
  * \brief topk_to_slots: the selected ids go through the index conversion's element rules
- *        (convert_row, convert_token) as they are written. `convert.token_indices` is
+ *        (convert_row, convert_tokens) as they are written. `convert.token_indices` is
  *        unused; `convert.out` is `topk.out`; compaction and valid counts count the slots
  *        that convert to a valid slot.
  */
