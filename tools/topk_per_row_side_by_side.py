@@ -9,9 +9,9 @@ ignored folder: nothing of vLLM enters the project). Per shape: the fastest vLLM
 whether dsa_ext's ids equal the CPU's (order included) and torch.topk's set (rows without
 ties), and the launch floor of a do-nothing kernel. A vLLM kernel whose set differs from
 torch.topk's on a row without ties is named in a note (`vLLM unequal`) and does not make
-the row unequal: on the H200, 64 x 128K randn, the persistent and cooperative kernels gave
-a set other than torch.topk's in 2 to 10 of 20 runs of the same input, whatever ran before. `--sweep` also times
-every forced cluster size of dsa_ext.
+the row unequal: on the H200, 64 x 128K randn, run 20 times on the same input, the
+persistent kernel gave a set other than torch.topk's in 0-3 runs and the cooperative one
+in 6-10, whatever ran before. `--sweep` also times every forced cluster size of dsa_ext.
 """
 from __future__ import annotations
 
