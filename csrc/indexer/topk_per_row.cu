@@ -25,7 +25,8 @@
 //   they capture every key at or above a floor (count_and_capture), a digit estimated once
 //   from the first batch of loads to lie at or below the row's threshold digit with a margin
 //   (capture_floor); the rest of the slice is counted and captured with no block barrier.
-//   A CTA walks only when the capture overflowed or the floor is above the threshold digit.
+//   A CTA walks only when the capture overflowed or the floor is above the threshold digit,
+//   and slices of at most kCaptureMinSlice columns walk without capturing.
 // - Output positions: the selection is the marked keys above the threshold and the first
 //   `remaining` (in column order) of those equal to it. Each thread counts both bitmaps
 //   over a contiguous run of words (an odd number, so a warp's reads hit distinct banks);
@@ -396,7 +397,8 @@ __device__ __forceinline__ uint32_t capture_floor(SharedState& s, uint32_t* hist
  *        s.candidates <= m.capacity; else the kernel walks the slice. Host model of the list
  *        sizes: tools/topk_capture_sizes.py (k = 2048, 64K-column slices: about 2.6K captured
  *        on randn rows, 8.2K on 16-value and uniform ones). `capturing` false (k alone would
- *        fill the list): counts only, returns 0. Every thread calls it.
+ *        fill the list, or the row's slices are at most kCaptureMinSlice columns): counts
+ *        only, returns 0. Every thread calls it.
  */
 template <typename Bits>
 __device__ __forceinline__ uint32_t count_and_capture(SharedState& s, const Bits* src, uint32_t n,
