@@ -25,7 +25,8 @@
 //   they capture every key at or above a floor (count_and_capture), a digit estimated once
 //   from the first batch of loads to lie at or below the row's threshold digit with a margin
 //   (capture_floor); the rest of the slice is counted and captured with no block barrier.
-//   A CTA walks only when the capture overflowed or the floor is above the threshold digit.
+//   A CTA walks only when the capture overflowed or the floor is above the threshold digit,
+//   and slices of at most kCaptureMinSlice columns walk without capturing.
 // - Output positions: the selection is the marked keys above the threshold and the first
 //   `remaining` (in column order) of those equal to it. Each thread counts both bitmaps
 //   over a contiguous run of words (an odd number, so a warp's reads hit distinct banks);
@@ -75,6 +76,12 @@ constexpr int64_t list_capacity(bool resident) { return resident ? 2048 : 10240;
 //! captured keys may be expected to fill before the margin is given up.
 constexpr uint32_t kFloorMargin = 2;
 constexpr uint32_t kFloorFillNum = 9, kFloorFillDen = 10;
+//! Streamed slices of at most this many columns walk instead of capturing. H200, k = 2048,
+//! the capture merged (topk-floor) against main before it, calls 2 and 11 of the seventh
+//! session: 64K-column slices gained (256 x 128K 100.9 -> 81.9 us), 32K ones lost (256 x
+//! 32K 27.9 -> 28.9) and 8K ones lost more (256 x 8192 13.3 -> 17.7, 1024 x 8192 48.3 ->
+//! 62.4). To be measured: this bound against capturing everywhere, in one call.
+constexpr int64_t kCaptureMinSlice = 32768;
 //! Columns the two bitmaps of a CTA cover at most (32 KB); longer slices go in segments.
 constexpr int64_t kSegmentColumns = 131072;
 //! Keys per CTA at most: one CTA per SM (176 KB of keys, 11 KB of bitmaps, the candidates).
@@ -390,7 +397,8 @@ __device__ __forceinline__ uint32_t capture_floor(SharedState& s, uint32_t* hist
  *        s.candidates <= m.capacity; else the kernel walks the slice. Host model of the list
  *        sizes: tools/topk_capture_sizes.py (k = 2048, 64K-column slices: about 2.6K captured
  *        on randn rows, 8.2K on 16-value and uniform ones). `capturing` false (k alone would
- *        fill the list): counts only, returns 0. Every thread calls it.
+ *        fill the list, or the row's slices are at most kCaptureMinSlice columns): counts
+ *        only, returns 0. Every thread calls it.
  */
 template <typename Bits>
 __device__ __forceinline__ uint32_t count_and_capture(SharedState& s, const Bits* src, uint32_t n,
@@ -715,8 +723,10 @@ __global__ void __launch_bounds__(kThreads, 1024 / kThreads)  // 64 registers
   const int64_t k = a.k;
   const uint32_t segment = static_cast<uint32_t>(words) * 32;  // columns the bitmaps cover
   const bool one_segment = slice.n <= segment;
-  // Streamed CTAs capture candidates while counting, unless k alone would fill the list.
-  const bool capturing = !kResident && k < kList;
+  // Streamed CTAs capture candidates while counting, unless k alone would fill the list or
+  // the launch's slices are short (their walk is one re-read of a few batches, mostly from
+  // L2, cheaper than capturing every batch). `per` is the same for every CTA of the row.
+  const bool capturing = !kResident && k < kList && per > kCaptureMinSlice;
 
   // The selection: keys with high_bits(key, shift) > threshold, and the first `remaining`
   // (column order) of those equal to it. A window of at most k columns is taken whole.
