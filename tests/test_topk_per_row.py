@@ -333,16 +333,16 @@ def test_plans_by_shape():
     assert plan(64, 131072) == (2, 65536, 0, 0)  # past one CTA's shared memory: streamed
     assert plan(256, 131072) == (2, 65536, 0, 0)
     assert plan(1, 1 << 20) == (8, 131072, 0, 0)
-    # Rows of at most 4096 columns: the short-row kernel (unsorted ids).
+    # Rows of at most 8192 columns: the short-row kernel (unsorted ids).
     assert plan(100000, 100)[3] == 1
-    assert plan(64, 4096)[3] == 1 and plan(64, 4097)[3] == 0
+    assert plan(64, 8192)[3] == 1 and plan(64, 8193)[3] == 0
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("L", [1, 100, 1024, 1025, 2048, 2049, 4095, 4096])
+@pytest.mark.parametrize("L", [1, 100, 1024, 1025, 2048, 2049, 4095, 4096, 4097, 8192])
 def test_short_row_kernel_equals_the_cpu(L):
-    """Rows of at most 4096 columns take the short-row kernel (each of its widths of 4, 8
-    and 16 keys per thread): many rows of randn, 4-value (ties at the threshold) and
+    """Rows of at most 8192 columns take the short-row kernel (each of its widths of 4, 8
+    and 16 keys per thread, 256 and 512 threads): many rows of randn, 4-value (ties at the threshold) and
     special values, full or clamped lengths, fp32 and bf16, against the CPU and the forced
     cluster plan."""
     from dsa_ext import _C

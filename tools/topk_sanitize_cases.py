@@ -1,7 +1,7 @@
 """Small topk_per_row / topk_to_slots / topk_to_candidates runs over every plan kind (resident
 and streamed clusters, one and several bitmap segments, randn and 16-value rows, more ids
 per CTA than the conversion's stage), each compared with the CPU, for compute-sanitizer
-(memcheck, racecheck, synccheck); the default plan runs rows of at most 4096 columns on the
+(memcheck, racecheck, synccheck); the default plan runs rows of at most 8192 columns on the
 short-row kernel:
 
     compute-sanitizer --tool racecheck python tools/topk_sanitize_cases.py
@@ -15,7 +15,7 @@ from dsa_ext import _C
 
 g = torch.Generator().manual_seed(0)
 cases = []
-for B, L in ((2, 20000), (3, 4100), (1, 70000), (2, 300000), (5, 4096), (4, 1500)):
+for B, L in ((2, 20000), (3, 4100), (1, 70000), (2, 300000), (5, 4096), (3, 8192), (4, 1500)):
     x = torch.randn(B, L, generator=g)
     x[-1] = torch.randint(0, 16, (L,), generator=g).float()
     cases.append(x)

@@ -87,13 +87,12 @@ constexpr int64_t kPlanSlice = 65536;
 //! there are at most this many of them (topk_to_slots converts kStagedPerThread per thread).
 constexpr int64_t kStagedSlots = 4096;
 constexpr int kStagedPerThread = static_cast<int>(kStagedSlots / kThreads);
-//! The short-row kernel (topk_short_rows_kernel): its block size, and the most keys per
-//! thread it keeps in registers (rows of at most kShortColumns columns).
-constexpr int kShortThreads = 256;
+//! The short-row kernel (topk_short_rows_kernel): 256 threads per CTA, 512 for rows past
+//! 256 x kShortMaxItems columns; at most kShortMaxItems keys per thread in registers; the
+//! registers of kShortBlockThreads threads per SM (64 each: 16 keys per thread fit).
 constexpr int kShortMaxItems = 16;
-//! CTAs per SM the short-row kernel keeps registers for (64 each: 16 keys per thread fit).
-constexpr int kShortMinBlocks = 4;
-constexpr int64_t kShortColumns = int64_t{kShortThreads} * kShortMaxItems;
+constexpr int kShortBlockThreads = 1024;
+constexpr int64_t kShortColumns = int64_t{512} * kShortMaxItems;
 
 //! Digit passes: shift of the digit and its width.
 __device__ __forceinline__ int pass_shift(int pass) { return pass == 0 ? 21 : pass == 1 ? 10 : 0; }
@@ -1033,8 +1032,8 @@ __global__ void __launch_bounds__(kThreads, 1024 / kThreads)  // 64 registers
 }
 
 /*!
- * \brief Short rows (at most kShortThreads * kItems columns, ids unsorted): one CTA per row,
- *        the row's keys in registers (column j * kShortThreads + i in item j of thread i),
+ * \brief Short rows (at most kBlock * kItems columns, ids unsorted): one CTA of kBlock
+ *        threads per row, the keys in registers (column j * kBlock + i in item j of thread i),
  *        radix select by 8-bit digits over them (four passes at most, 256-bin histograms one
  *        warp scans), then the selected columns written in ascending column order, each at
  *        the number of selected columns before it (ballots and a scan of the 32-column run
@@ -1042,12 +1041,14 @@ __global__ void __launch_bounds__(kThreads, 1024 / kThreads)  // 64 registers
  *        bitmaps, 80 KB of shared memory) outweigh the work of a row this short; this one
  *        keeps several CTAs per SM. Grid-stride over the rows.
  */
-template <typename Bits, int kItems>
-__global__ void __launch_bounds__(kShortThreads, kShortMinBlocks) topk_short_rows_kernel(const TopkPerRowArgs a) {
-  constexpr int kShortWarps = kShortThreads / 32;
+template <typename Bits, int kItems, int kBlock>
+__global__ void __launch_bounds__(kBlock, kShortBlockThreads / kBlock)  // 64 registers
+    topk_short_rows_kernel(const TopkPerRowArgs a) {
+  constexpr int kShortWarps = kBlock / 32;
   constexpr int kRuns = kItems * kShortWarps;  // run j * kShortWarps + w: item j of warp w
   constexpr int kRunsPerLane = kRuns / 32;
   static_assert(kRuns % 32 == 0, "warp 0 scans the run counts, kRunsPerLane per lane");
+  static_assert(kBlock >= 256, "a thread per histogram bin clears it");
   __shared__ __align__(16) uint32_t hist[256];
   __shared__ uint32_t runs[kRuns];  // (equal << 16) | above per run, then exclusive offsets
   __shared__ uint32_t found[3];     // digit, keys above its bin, keys in its bin
@@ -1058,11 +1059,11 @@ __global__ void __launch_bounds__(kShortThreads, kShortMinBlocks) topk_short_row
 
   for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
     const RowWindow w = row_window(a, row);
-    const int32_t n = static_cast<int32_t>(w.count);  // <= kShortThreads * kItems
+    const int32_t n = static_cast<int32_t>(w.count);  // <= kBlock * kItems
     int32_t* out = a.out.row(row);
     const int64_t stride = a.out.col_stride;
     if (n <= k) {  // the whole window, then -1
-      for (int64_t j = threadIdx.x; j < k; j += kShortThreads) {
+      for (int64_t j = threadIdx.x; j < k; j += kBlock) {
         out[j * stride] = j < n ? static_cast<int32_t>(j) : -1;
       }
       continue;
@@ -1071,7 +1072,7 @@ __global__ void __launch_bounds__(kShortThreads, kShortMinBlocks) topk_short_row
     uint32_t key[kItems];
 #pragma unroll
     for (int j = 0; j < kItems; ++j) {
-      const int32_t c = j * kShortThreads + static_cast<int32_t>(threadIdx.x);
+      const int32_t c = j * kBlock + static_cast<int32_t>(threadIdx.x);
       key[j] = c < n ? score_key(__ldcs(src + c)) : 0u;
     }
 
@@ -1080,12 +1081,12 @@ __global__ void __launch_bounds__(kShortThreads, kShortMinBlocks) topk_short_row
     uint32_t prefix = 0, remaining = static_cast<uint32_t>(k);
     int shift = 32;
     for (int digit_shift = 24; digit_shift >= 0; digit_shift -= 8) {
-      hist[threadIdx.x % 256] = 0;  // kShortThreads >= 256
+      if (threadIdx.x < 256) hist[threadIdx.x] = 0;  // kBlock >= 256
       __syncthreads();
       const uint32_t want = high_bits(prefix, digit_shift + 8);
 #pragma unroll
       for (int j = 0; j < kItems; ++j) {
-        const int32_t c = j * kShortThreads + static_cast<int32_t>(threadIdx.x);
+        const int32_t c = j * kBlock + static_cast<int32_t>(threadIdx.x);
         if (c < n && high_bits(key[j], digit_shift + 8) == want) {
           atomicAdd(&hist[(key[j] >> digit_shift) & 255u], 1u);
         }
@@ -1121,11 +1122,11 @@ __global__ void __launch_bounds__(kShortThreads, kShortMinBlocks) topk_short_row
     // Output positions: run counts of the keys above and equal to the threshold, scanned
     // in column order by warp 0, then each selected column's rank among the selected.
     const auto above = [&](int j) {
-      const int32_t c = j * kShortThreads + static_cast<int32_t>(threadIdx.x);
+      const int32_t c = j * kBlock + static_cast<int32_t>(threadIdx.x);
       return c < n && high_bits(key[j], shift) > threshold;
     };
     const auto equal = [&](int j) {
-      const int32_t c = j * kShortThreads + static_cast<int32_t>(threadIdx.x);
+      const int32_t c = j * kBlock + static_cast<int32_t>(threadIdx.x);
       return c < n && high_bits(key[j], shift) == threshold;
     };
 #pragma unroll
@@ -1154,7 +1155,7 @@ __global__ void __launch_bounds__(kShortThreads, kShortMinBlocks) topk_short_row
       const uint32_t equal_before = (before >> 16) + __popc(be & lanes_below);
       if (is_above || (is_equal && equal_before < remaining)) {
         const uint32_t pos = above_before + (equal_before < remaining ? equal_before : remaining);
-        out[static_cast<int64_t>(pos) * stride] = j * kShortThreads + static_cast<int32_t>(threadIdx.x);
+        out[static_cast<int64_t>(pos) * stride] = j * kBlock + static_cast<int32_t>(threadIdx.x);
       }
     }
     __syncthreads();  // runs and hist are rewritten by the next row
@@ -1194,18 +1195,19 @@ void launch(const TopkPerRowArgs& a, const Sink& sink, const TopkPlan& plan, con
                           "topk_per_row kernel launch", a, sink, plan.cluster);
 }
 
-template <typename Bits, int kItems>
+template <typename Bits, int kItems, int kBlock>
 void launch_short_rows(const TopkPerRowArgs& a, const Place& place) {
   const unsigned grid = static_cast<unsigned>(a.rows < kMaxGridX ? a.rows : kMaxGridX);
-  launch_kernel(topk_short_rows_kernel<Bits, kItems>, grid, kShortThreads, place.cuda_stream(),
+  launch_kernel(topk_short_rows_kernel<Bits, kItems, kBlock>, grid, kBlock, place.cuda_stream(),
                 "topk_per_row kernel launch", a);
 }
 
 template <typename Bits>
 void launch_short_rows(const TopkPerRowArgs& a, const Place& place) {
-  if (a.cols <= kShortThreads * 4) return launch_short_rows<Bits, 4>(a, place);
-  if (a.cols <= kShortThreads * 8) return launch_short_rows<Bits, 8>(a, place);
-  launch_short_rows<Bits, kShortMaxItems>(a, place);
+  if (a.cols <= 256 * 4) return launch_short_rows<Bits, 4, 256>(a, place);
+  if (a.cols <= 256 * 8) return launch_short_rows<Bits, 8, 256>(a, place);
+  if (a.cols <= 256 * kShortMaxItems) return launch_short_rows<Bits, kShortMaxItems, 256>(a, place);
+  launch_short_rows<Bits, kShortMaxItems, 512>(a, place);
 }
 
 //! Picks the plan and the kernel for the score type and launches it.
