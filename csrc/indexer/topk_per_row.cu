@@ -1136,7 +1136,7 @@ __global__ void __launch_bounds__(kBlock, kShortBlockThreads / kBlock)  // 64 re
       if (lane == 0) runs[j * kShortWarps + warp] = (ne << 16) | na;  // each <= 32
     }
     __syncthreads();
-    if (warp == 0) {  // exclusive scan; the halves stay apart (each total <= kItems * 256)
+    if (warp == 0) {  // exclusive scan; the halves stay apart (each total <= kItems * kBlock < 2^16)
       uint32_t v[kRunsPerLane], sum = 0;
 #pragma unroll
       for (int r = 0; r < kRunsPerLane; ++r) v[r] = runs[lane * kRunsPerLane + r], sum += v[r];
