@@ -366,6 +366,38 @@ def test_short_row_kernel_equals_the_cpu(L):
                                  dtype=dtype, lengths=bool(kw), plan=1)
 
 
+@pytest.mark.cuda
+@pytest.mark.parametrize("L", [100, 2048, 4097, 8192])
+def test_short_row_kernel_sinks_equal_the_cpu(L):
+    """The short-row kernel's slot and candidate sinks: windows shorter and longer than k,
+    ties, missing requests and invalid table entries, slots in place (with and without
+    valid counts) and compacted, prefill windows for the candidates; against the reference
+    and the forced cluster plan."""
+    assert dsa_ext._C.topk_per_row_plan(200, L, 0)[3] == 1
+    cuda = torch.device("cuda")
+    g = torch.Generator().manual_seed(L + 1)
+    rows = 200
+    x = torch.randn(rows, L, generator=g)
+    x[:50] = torch.randint(0, 4, (50, L), generator=g).float()
+    lengths = torch.randint(-2, L + 3, (rows,), generator=g, dtype=I32)
+    table = torch.randint(0, 1 << 16, (5, L // 16 + 1), generator=g, dtype=I32)
+    table[torch.rand(table.shape, generator=g) < 0.15] = -1
+    req = torch.randint(-1, 6, (rows,), generator=g, dtype=I32)
+    starts = torch.randint(-3, L, (rows,), generator=g, dtype=I32)
+    for k in (7, 512, 2048):
+        for plan in (-1, 1):
+            with forced_topk_plan(plan):
+                for kw in ({}, {"lengths": lengths}):
+                    for compact in (False, True):
+                        slots_both(cuda, x, k, req, table, 16, compact=compact, **kw)
+                    want, _ = reference.topk_to_slots(x, k, req, table, 16, **kw)
+                    got = dsa_ext.topk_to_slots(x.cuda(), k, req.cuda(), table.cuda(), 16,
+                                                **{n: v.cuda() for n, v in kw.items()})
+                    assert_equal(got, want, k=k, L=L, plan=plan, counts=False)
+                candidates_both(cuda, x, k, 1, 4, 2)
+                candidates_both(cuda, x, k, 3, 4, 1, row_starts=starts, row_ends=lengths)
+
+
 PLANS = [1, 2, 3, 5, 6, 8, 16, 101, 104, 108]
 
 
