@@ -380,7 +380,8 @@ def test_short_row_kernel_sinks_equal_the_cpu(L):
     x = torch.randn(rows, L, generator=g)
     x[:50] = torch.randint(0, 4, (50, L), generator=g).float()
     lengths = torch.randint(-2, L + 3, (rows,), generator=g, dtype=I32)
-    table = torch.randint(0, 1 << 16, (5, L // 16 + 1), generator=g, dtype=I32)
+    # Block size 12 (not a power of two); the table covers 3/4 of the row: blocks past it.
+    table = torch.randint(0, 1 << 16, (5, (3 * L) // 48 + 1), generator=g, dtype=I32)
     table[torch.rand(table.shape, generator=g) < 0.15] = -1
     req = torch.randint(-1, 6, (rows,), generator=g, dtype=I32)
     starts = torch.randint(-3, L, (rows,), generator=g, dtype=I32)
@@ -388,10 +389,10 @@ def test_short_row_kernel_sinks_equal_the_cpu(L):
         for plan in (-1, 1):
             with forced_topk_plan(plan):
                 for kw in ({}, {"lengths": lengths}):
-                    for compact in (False, True):
-                        slots_both(cuda, x, k, req, table, 16, compact=compact, **kw)
-                    want, _ = reference.topk_to_slots(x, k, req, table, 16, **kw)
-                    got = dsa_ext.topk_to_slots(x.cuda(), k, req.cuda(), table.cuda(), 16,
+                    for xs, compact in ((x, False), (x, True), (x.to(torch.bfloat16), True)):
+                        slots_both(cuda, xs, k, req, table, 12, compact=compact, **kw)
+                    want, _ = reference.topk_to_slots(x, k, req, table, 12, **kw)
+                    got = dsa_ext.topk_to_slots(x.cuda(), k, req.cuda(), table.cuda(), 12,
                                                 **{n: v.cuda() for n, v in kw.items()})
                     assert_equal(got, want, k=k, L=L, plan=plan, counts=False)
                 candidates_both(cuda, x, k, 1, 4, 2)

@@ -1216,9 +1216,9 @@ __global__ void __launch_bounds__(kBlock, kShortBlockThreads / kBlock)  // 64 re
 #pragma unroll
         for (int j = 0; j < kItems; ++j) {
           const unsigned bv = __ballot_sync(0xffffffffu, slot[j] >= 0);
-          const int64_t at = sink.compact
-                                 ? runs[j * kShortWarps + warp] + __popc(bv & lanes_below)
-                                 : pos[j];
+          const int64_t at =
+              sink.compact ? static_cast<int64_t>(runs[j * kShortWarps + warp] + __popc(bv & lanes_below))
+                           : static_cast<int64_t>(pos[j]);
           if (sink.compact ? slot[j] >= 0 : pos[j] >= 0) out[at * stride] = slot[j];
         }
         if (sink.compact) end = runs_total;
