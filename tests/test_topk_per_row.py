@@ -333,16 +333,16 @@ def test_plans_by_shape():
     assert plan(64, 131072) == (2, 65536, 0, 0)  # past one CTA's shared memory: streamed
     assert plan(256, 131072) == (2, 65536, 0, 0)
     assert plan(1, 1 << 20) == (8, 131072, 0, 0)
-    # Rows of at most 4096 columns: the short-row kernel (unsorted ids).
+    # Rows of at most 8192 columns: the short-row kernel (unsorted ids).
     assert plan(100000, 100)[3] == 1
-    assert plan(64, 4096)[3] == 1 and plan(64, 4097)[3] == 0
+    assert plan(64, 8192)[3] == 1 and plan(64, 8193)[3] == 0
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("L", [1, 100, 1024, 1025, 2048, 2049, 4095, 4096])
+@pytest.mark.parametrize("L", [1, 100, 1024, 1025, 2048, 2049, 4095, 4096, 4097, 8192])
 def test_short_row_kernel_equals_the_cpu(L):
-    """Rows of at most 4096 columns take the short-row kernel (each of its widths of 4, 8
-    and 16 keys per thread): many rows of randn, 4-value (ties at the threshold) and
+    """Rows of at most 8192 columns take the short-row kernel (each of its widths of 4, 8
+    and 16 keys per thread, 256 and 512 threads): many rows of randn, 4-value (ties at the threshold) and
     special values, full or clamped lengths, fp32 and bf16, against the CPU and the forced
     cluster plan."""
     from dsa_ext import _C
@@ -364,6 +364,39 @@ def test_short_row_kernel_equals_the_cpu(L):
                 with forced_topk_plan(1):
                     assert_equal(dsa_ext.topk_per_row(xs.cuda(), k, **kw_dev), want, L=L, k=k,
                                  dtype=dtype, lengths=bool(kw), plan=1)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("L", [100, 2048, 4097, 8192])
+def test_short_row_kernel_sinks_equal_the_cpu(L):
+    """The short-row kernel's slot and candidate sinks: windows shorter and longer than k,
+    ties, missing requests and invalid table entries, slots in place (with and without
+    valid counts) and compacted, prefill windows for the candidates; against the reference
+    and the forced cluster plan."""
+    assert dsa_ext._C.topk_per_row_plan(200, L, 0)[3] == 1
+    cuda = torch.device("cuda")
+    g = torch.Generator().manual_seed(L + 1)
+    rows = 200
+    x = torch.randn(rows, L, generator=g)
+    x[:50] = torch.randint(0, 4, (50, L), generator=g).float()
+    lengths = torch.randint(-2, L + 3, (rows,), generator=g, dtype=I32)
+    # Block size 12 (not a power of two); the table covers 3/4 of the row: blocks past it.
+    table = torch.randint(0, 1 << 16, (5, (3 * L) // 48 + 1), generator=g, dtype=I32)
+    table[torch.rand(table.shape, generator=g) < 0.15] = -1
+    req = torch.randint(-1, 6, (rows,), generator=g, dtype=I32)
+    starts = torch.randint(-3, L, (rows,), generator=g, dtype=I32)
+    for k in (7, 512, 2048):
+        for plan in (-1, 1):
+            with forced_topk_plan(plan):
+                for kw in ({}, {"lengths": lengths}):
+                    for xs, compact in ((x, False), (x, True), (x.to(torch.bfloat16), True)):
+                        slots_both(cuda, xs, k, req, table, 12, compact=compact, **kw)
+                    want, _ = reference.topk_to_slots(x, k, req, table, 12, **kw)
+                    got = dsa_ext.topk_to_slots(x.cuda(), k, req.cuda(), table.cuda(), 12,
+                                                **{n: v.cuda() for n, v in kw.items()})
+                    assert_equal(got, want, k=k, L=L, plan=plan, counts=False)
+                candidates_both(cuda, x, k, 1, 4, 2)
+                candidates_both(cuda, x, k, 3, 4, 1, row_starts=starts, row_ends=lengths)
 
 
 PLANS = [1, 2, 3, 5, 6, 8, 16, 101, 104, 108]

@@ -1,7 +1,7 @@
 """Small topk_per_row / topk_to_slots / topk_to_candidates runs over every plan kind (resident
 and streamed clusters, one and several bitmap segments, randn and 16-value rows, more ids
 per CTA than the conversion's stage), each compared with the CPU, for compute-sanitizer
-(memcheck, racecheck, synccheck); the default plan runs rows of at most 4096 columns on the
+(memcheck, racecheck, synccheck); the default plan runs rows of at most 8192 columns on the
 short-row kernel:
 
     compute-sanitizer --tool racecheck python tools/topk_sanitize_cases.py
@@ -15,7 +15,7 @@ from dsa_ext import _C
 
 g = torch.Generator().manual_seed(0)
 cases = []
-for B, L in ((2, 20000), (3, 4100), (1, 70000), (2, 300000), (5, 4096), (4, 1500)):
+for B, L in ((2, 20000), (3, 4100), (1, 70000), (2, 300000), (5, 4096), (3, 8192), (4, 1500)):
     x = torch.randn(B, L, generator=g)
     x[-1] = torch.randint(0, 16, (L,), generator=g).float()
     cases.append(x)
@@ -34,6 +34,18 @@ for plan in (-1, 1, 2, 3, 8, 101, 102, 108):
     bad += not torch.equal(a.cpu(), b)
     c = dsa_ext.topk_to_candidates(x.cuda(), 2048, 1, 4).cpu()
     bad += not torch.equal(c, dsa_ext.topk_to_candidates(x, 2048, 1, 4))
+# The short-row kernel's sinks (default plan): slots compacted with counts, candidates.
+_C.set_topk_plan_override(-1)
+for x in (cases[4], cases[5]):
+    table = torch.randint(-1, 1 << 16, (6, x.shape[1] // 12 + 1), generator=g, dtype=torch.int32)
+    req = torch.tensor([0, 5, -1, 2, 3][:x.shape[0]], dtype=torch.int32)
+    for k in (7, 2048):
+        a = dsa_ext.topk_to_slots(x.cuda(), k, req.cuda(), table.cuda(), 12, compact=True,
+                                  return_valid_counts=True)
+        b = dsa_ext.topk_to_slots(x, k, req, table, 12, compact=True, return_valid_counts=True)
+        bad += not (torch.equal(a[0].cpu(), b[0]) and torch.equal(a[1].cpu(), b[1]))
+        c = dsa_ext.topk_to_candidates(x.cuda(), k, 1, 4).cpu()
+        bad += not torch.equal(c, dsa_ext.topk_to_candidates(x, k, 1, 4))
 # More ids per CTA than the conversion's stage (several chunks), one and several bitmap
 # segments per slice, compacted with counts.
 y = torch.randn(2, 140000, generator=g)

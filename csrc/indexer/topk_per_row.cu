@@ -94,13 +94,12 @@ constexpr int64_t kPlanSlice = 65536;
 //! there are at most this many of them (topk_to_slots converts kStagedPerThread per thread).
 constexpr int64_t kStagedSlots = 4096;
 constexpr int kStagedPerThread = static_cast<int>(kStagedSlots / kThreads);
-//! The short-row kernel (topk_short_rows_kernel): its block size, and the most keys per
-//! thread it keeps in registers (rows of at most kShortColumns columns).
-constexpr int kShortThreads = 256;
+//! The short-row kernel (topk_short_rows_kernel): 256 threads per CTA, 512 for rows past
+//! 256 x kShortMaxItems columns; at most kShortMaxItems keys per thread in registers; the
+//! registers of kShortBlockThreads threads per SM (64 each: 16 keys per thread fit).
 constexpr int kShortMaxItems = 16;
-//! CTAs per SM the short-row kernel keeps registers for (64 each: 16 keys per thread fit).
-constexpr int kShortMinBlocks = 4;
-constexpr int64_t kShortColumns = int64_t{kShortThreads} * kShortMaxItems;
+constexpr int kShortBlockThreads = 1024;
+constexpr int64_t kShortColumns = int64_t{512} * kShortMaxItems;
 
 //! Digit passes: shift of the digit and its width.
 __device__ __forceinline__ int pass_shift(int pass) { return pass == 0 ? 21 : pass == 1 ? 10 : 0; }
@@ -1043,129 +1042,210 @@ __global__ void __launch_bounds__(kThreads, 1024 / kThreads)  // 64 registers
 }
 
 /*!
- * \brief Short rows (at most kShortThreads * kItems columns, ids unsorted): one CTA per row,
- *        the row's keys in registers (column j * kShortThreads + i in item j of thread i),
- *        radix select by 8-bit digits over them (four passes at most, 256-bin histograms one
- *        warp scans), then the selected columns written in ascending column order, each at
- *        the number of selected columns before it (ballots and a scan of the 32-column run
- *        counts). The cluster kernel's fixed costs (2048-bin histograms, candidate list,
- *        bitmaps, 80 KB of shared memory) outweigh the work of a row this short; this one
- *        keeps several CTAs per SM. Grid-stride over the rows.
+ * \brief Short rows (at most kBlock * kItems columns): one CTA of kBlock threads per row,
+ *        the keys in registers (column j * kBlock + i in item j of thread i), radix select
+ *        by 8-bit digits over them (four passes at most, 256-bin histograms one warp
+ *        scans), then each selected column's output position, the number of selected
+ *        columns before it (ballots and a scan of the 32-column run counts), so the output
+ *        keeps ascending column order. The cluster kernel's fixed costs (2048-bin
+ *        histograms, candidate list, bitmaps, 80 KB of shared memory) outweigh the work of
+ *        a row this short; this one keeps several CTAs per SM. Grid-stride over the rows.
+ *        The sinks as in topk_per_row_kernel: ids (unsorted), DCP candidate keys, or slots
+ *        (converted in registers, all gathers of a thread in flight; compaction and valid
+ *        counts from a second run-count scan over the valid slots).
  */
-template <typename Bits, int kItems>
-__global__ void __launch_bounds__(kShortThreads, kShortMinBlocks) topk_short_rows_kernel(const TopkPerRowArgs a) {
-  constexpr int kShortWarps = kShortThreads / 32;
+template <typename Bits, int kItems, int kBlock, typename Sink>
+__global__ void __launch_bounds__(kBlock, kShortBlockThreads / kBlock)  // 64 registers
+    topk_short_rows_kernel(const TopkPerRowArgs a, const Sink sink) {
+  constexpr bool kPacked = std::is_same<Sink, PackCandidatesArgs>::value;
+  constexpr bool kSlots = std::is_same<Sink, ConvertIndexArgs>::value;
+  constexpr int kShortWarps = kBlock / 32;
   constexpr int kRuns = kItems * kShortWarps;  // run j * kShortWarps + w: item j of warp w
   constexpr int kRunsPerLane = kRuns / 32;
   static_assert(kRuns % 32 == 0, "warp 0 scans the run counts, kRunsPerLane per lane");
+  static_assert(kBlock >= 256, "a thread per histogram bin clears it");
   __shared__ __align__(16) uint32_t hist[256];
-  __shared__ uint32_t runs[kRuns];  // (equal << 16) | above per run, then exclusive offsets
+  __shared__ uint32_t runs[kRuns];  // run counts, then their exclusive prefix
+  __shared__ uint32_t runs_total;
   __shared__ uint32_t found[3];     // digit, keys above its bin, keys in its bin
   await_previous_kernel();
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const unsigned lanes_below = (1u << lane) - 1u;
   const int64_t k = a.k;
+  // runs[] (written by lane 0 of each warp) -> its exclusive prefix in column order, the
+  // total in runs_total. Every thread calls it.
+  auto scan_runs = [&]() {
+    __syncthreads();
+    if (warp == 0) {
+      uint32_t v[kRunsPerLane], sum = 0;
+#pragma unroll
+      for (int r = 0; r < kRunsPerLane; ++r) v[r] = runs[lane * kRunsPerLane + r], sum += v[r];
+      const uint32_t incl = warp_inclusive_sum(sum);
+      uint32_t acc = incl - sum;
+#pragma unroll
+      for (int r = 0; r < kRunsPerLane; ++r) runs[lane * kRunsPerLane + r] = acc, acc += v[r];
+      if (lane == 31) runs_total = incl;
+    }
+    __syncthreads();
+  };
+  const auto column = [&](int j) { return j * kBlock + static_cast<int32_t>(threadIdx.x); };
 
   for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
     const RowWindow w = row_window(a, row);
-    const int32_t n = static_cast<int32_t>(w.count);  // <= kShortThreads * kItems
-    int32_t* out = a.out.row(row);
-    const int64_t stride = a.out.col_stride;
-    if (n <= k) {  // the whole window, then -1
-      for (int64_t j = threadIdx.x; j < k; j += kShortThreads) {
-        out[j * stride] = j < n ? static_cast<int32_t>(j) : -1;
+    const int32_t n = static_cast<int32_t>(w.count);  // <= kBlock * kItems
+    const int64_t taken = n < k ? n : k;
+    if constexpr (!kSlots) {
+      if (n <= k) {  // the whole window, then the fill
+        if constexpr (kPacked) {
+          uint64_t* out = sink.out.row(row);
+          const int64_t start = pack_row_start(sink, row);
+          for (int64_t j = threadIdx.x; j < k; j += kBlock) {
+            out[j * sink.out.col_stride] =
+                j < n ? pack_candidate(sink, row, start, static_cast<int32_t>(j))
+                      : kInvalidCandidateKey;
+          }
+        } else {
+          int32_t* out = a.out.row(row);
+          for (int64_t j = threadIdx.x; j < k; j += kBlock) {
+            out[j * a.out.col_stride] = j < n ? static_cast<int32_t>(j) : -1;
+          }
+        }
+        continue;
       }
-      continue;
-    }
-    const Bits* src = static_cast<const Bits*>(a.logits) + row * a.row_stride + w.start;
-    uint32_t key[kItems];
-#pragma unroll
-    for (int j = 0; j < kItems; ++j) {
-      const int32_t c = j * kShortThreads + static_cast<int32_t>(threadIdx.x);
-      key[j] = c < n ? score_key(__ldcs(src + c)) : 0u;
     }
 
     // The selection: keys with high_bits(key, shift) > threshold, and the first `remaining`
-    // (column order) of those equal to it.
-    uint32_t prefix = 0, remaining = static_cast<uint32_t>(k);
+    // (column order) of those equal to it. A window of at most k columns (slots only here)
+    // keeps shift 32: every column is equal and taken.
+    uint32_t key[kItems];
+    uint32_t prefix = 0, remaining = static_cast<uint32_t>(taken);
     int shift = 32;
-    for (int digit_shift = 24; digit_shift >= 0; digit_shift -= 8) {
-      hist[threadIdx.x % 256] = 0;  // kShortThreads >= 256
-      __syncthreads();
-      const uint32_t want = high_bits(prefix, digit_shift + 8);
+#pragma unroll
+    for (int j = 0; j < kItems; ++j) key[j] = 0;
+    if (n > k) {
+      const Bits* src = static_cast<const Bits*>(a.logits) + row * a.row_stride + w.start;
 #pragma unroll
       for (int j = 0; j < kItems; ++j) {
-        const int32_t c = j * kShortThreads + static_cast<int32_t>(threadIdx.x);
-        if (c < n && high_bits(key[j], digit_shift + 8) == want) {
-          atomicAdd(&hist[(key[j] >> digit_shift) & 255u], 1u);
-        }
+        if (column(j) < n) key[j] = score_key(__ldcs(src + column(j)));
       }
-      __syncthreads();
-      if (warp == 0) {  // lane l holds bins 255 - 8 l - i, i = 0..7 (from the top)
-        const uint4 lo = *reinterpret_cast<const uint4*>(&hist[248 - 8 * lane]);
-        const uint4 hi = *reinterpret_cast<const uint4*>(&hist[252 - 8 * lane]);
-        const uint32_t bin[8] = {hi.w, hi.z, hi.y, hi.x, lo.w, lo.z, lo.y, lo.x};
-        uint32_t sum = 0;
+      for (int digit_shift = 24; digit_shift >= 0; digit_shift -= 8) {
+        if (threadIdx.x < 256) hist[threadIdx.x] = 0;
+        __syncthreads();
+        const uint32_t want = high_bits(prefix, digit_shift + 8);
 #pragma unroll
-        for (int i = 0; i < 8; ++i) sum += bin[i];
-        uint32_t acc = warp_inclusive_sum(sum) - sum;  // keys in the bins above this lane's
-        if (acc < remaining && remaining <= acc + sum) {
-#pragma unroll
-          for (int i = 0; i < 8; ++i) {
-            if (acc < remaining && remaining <= acc + bin[i]) {
-              found[0] = 255u - 8u * lane - i, found[1] = acc, found[2] = bin[i];
-            }
-            acc += bin[i];
+        for (int j = 0; j < kItems; ++j) {
+          if (column(j) < n && high_bits(key[j], digit_shift + 8) == want) {
+            atomicAdd(&hist[(key[j] >> digit_shift) & 255u], 1u);
           }
         }
+        __syncthreads();
+        if (warp == 0) {  // lane l holds bins 255 - 8 l - i, i = 0..7 (from the top)
+          const uint4 lo = *reinterpret_cast<const uint4*>(&hist[248 - 8 * lane]);
+          const uint4 hi = *reinterpret_cast<const uint4*>(&hist[252 - 8 * lane]);
+          const uint32_t bin[8] = {hi.w, hi.z, hi.y, hi.x, lo.w, lo.z, lo.y, lo.x};
+          uint32_t sum = 0;
+#pragma unroll
+          for (int i = 0; i < 8; ++i) sum += bin[i];
+          uint32_t acc = warp_inclusive_sum(sum) - sum;  // keys in the bins above this lane's
+          if (acc < remaining && remaining <= acc + sum) {
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+              if (acc < remaining && remaining <= acc + bin[i]) {
+                found[0] = 255u - 8u * lane - i, found[1] = acc, found[2] = bin[i];
+              }
+              acc += bin[i];
+            }
+          }
+        }
+        __syncthreads();
+        prefix |= found[0] << digit_shift;
+        remaining -= found[1];
+        shift = digit_shift;
+        // found is rewritten only after the next pass's two barriers.
+        if (found[2] == remaining) break;  // the whole bin is taken: nothing to refine
       }
-      __syncthreads();
-      prefix |= found[0] << digit_shift;
-      remaining -= found[1];
-      shift = digit_shift;
-      // found is rewritten only after the next pass's two barriers.
-      if (found[2] == remaining) break;  // the whole bin is taken: nothing to refine
     }
     const uint32_t threshold = high_bits(prefix, shift);
 
-    // Output positions: run counts of the keys above and equal to the threshold, scanned
-    // in column order by warp 0, then each selected column's rank among the selected.
-    const auto above = [&](int j) {
-      const int32_t c = j * kShortThreads + static_cast<int32_t>(threadIdx.x);
-      return c < n && high_bits(key[j], shift) > threshold;
-    };
-    const auto equal = [&](int j) {
-      const int32_t c = j * kShortThreads + static_cast<int32_t>(threadIdx.x);
-      return c < n && high_bits(key[j], shift) == threshold;
-    };
+    // Output positions: run counts of the keys above and equal to the threshold (packed:
+    // each total <= kItems * kBlock < 2^16), scanned in column order, then each selected
+    // column's rank among the selected (-1: not selected).
+    const auto above = [&](int j) { return column(j) < n && high_bits(key[j], shift) > threshold; };
+    const auto equal = [&](int j) { return column(j) < n && high_bits(key[j], shift) == threshold; };
 #pragma unroll
     for (int j = 0; j < kItems; ++j) {
       const uint32_t na = __popc(__ballot_sync(0xffffffffu, above(j)));
       const uint32_t ne = __popc(__ballot_sync(0xffffffffu, equal(j)));
       if (lane == 0) runs[j * kShortWarps + warp] = (ne << 16) | na;  // each <= 32
     }
-    __syncthreads();
-    if (warp == 0) {  // exclusive scan; the halves stay apart (each total <= kItems * 256)
-      uint32_t v[kRunsPerLane], sum = 0;
+    scan_runs();
+    // Calls put(j, position) for each selected item j of this thread.
+    auto for_each_selected = [&](auto&& put) {
 #pragma unroll
-      for (int r = 0; r < kRunsPerLane; ++r) v[r] = runs[lane * kRunsPerLane + r], sum += v[r];
-      uint32_t acc = warp_inclusive_sum(sum) - sum;
-#pragma unroll
-      for (int r = 0; r < kRunsPerLane; ++r) runs[lane * kRunsPerLane + r] = acc, acc += v[r];
-    }
-    __syncthreads();
-#pragma unroll
-    for (int j = 0; j < kItems; ++j) {
-      const bool is_above = above(j), is_equal = equal(j);
-      const unsigned ba = __ballot_sync(0xffffffffu, is_above);
-      const unsigned be = __ballot_sync(0xffffffffu, is_equal);
-      const uint32_t before = runs[j * kShortWarps + warp];
-      const uint32_t above_before = (before & 0xffffu) + __popc(ba & lanes_below);
-      const uint32_t equal_before = (before >> 16) + __popc(be & lanes_below);
-      if (is_above || (is_equal && equal_before < remaining)) {
-        const uint32_t pos = above_before + (equal_before < remaining ? equal_before : remaining);
-        out[static_cast<int64_t>(pos) * stride] = j * kShortThreads + static_cast<int32_t>(threadIdx.x);
+      for (int j = 0; j < kItems; ++j) {
+        const bool is_above = above(j), is_equal = equal(j);
+        const unsigned ba = __ballot_sync(0xffffffffu, is_above);
+        const unsigned be = __ballot_sync(0xffffffffu, is_equal);
+        const uint32_t before = runs[j * kShortWarps + warp];
+        const uint32_t above_before = (before & 0xffffu) + __popc(ba & lanes_below);
+        const uint32_t equal_before = (before >> 16) + __popc(be & lanes_below);
+        if (is_above || (is_equal && equal_before < remaining)) {
+          put(j, static_cast<int64_t>(above_before) +
+                     (equal_before < remaining ? equal_before : remaining));
+        }
       }
+    };
+
+    if constexpr (kSlots) {
+      int32_t pos[kItems];  // -1: not selected
+#pragma unroll
+      for (int j = 0; j < kItems; ++j) pos[j] = -1;
+      for_each_selected([&](int j, int64_t at) { pos[j] = static_cast<int32_t>(at); });
+      int32_t* out = sink.out.row(row);
+      const int64_t stride = sink.out.col_stride;
+      int32_t slot[kItems];
+#pragma unroll
+      for (int j = 0; j < kItems; ++j) slot[j] = pos[j] >= 0 ? column(j) : -1;
+      convert_tokens(sink, convert_row(sink, row), slot, sink.block_table.col_stride);
+      int64_t end = taken;  // past the last written position
+      if (!sink.compact && !sink.valid_counts.present()) {
+#pragma unroll
+        for (int j = 0; j < kItems; ++j) {
+          if (pos[j] >= 0) out[static_cast<int64_t>(pos[j]) * stride] = slot[j];
+        }
+      } else {
+        // The valid slots' places: a second scan, of the valid slots per run (column order
+        // is output order, and an unselected column's slot is -1).
+        __syncthreads();  // every thread has read the first scan
+#pragma unroll
+        for (int j = 0; j < kItems; ++j) {
+          const uint32_t nv = __popc(__ballot_sync(0xffffffffu, slot[j] >= 0));
+          if (lane == 0) runs[j * kShortWarps + warp] = nv;
+        }
+        scan_runs();
+#pragma unroll
+        for (int j = 0; j < kItems; ++j) {
+          const unsigned bv = __ballot_sync(0xffffffffu, slot[j] >= 0);
+          const int64_t at =
+              sink.compact ? static_cast<int64_t>(runs[j * kShortWarps + warp] + __popc(bv & lanes_below))
+                           : static_cast<int64_t>(pos[j]);
+          if (sink.compact ? slot[j] >= 0 : pos[j] >= 0) out[at * stride] = slot[j];
+        }
+        if (sink.compact) end = runs_total;
+        if (threadIdx.x == 0 && sink.valid_counts.present()) {
+          sink.valid_counts[row] = static_cast<int32_t>(runs_total);
+        }
+      }
+      for (int64_t j = end + threadIdx.x; j < k; j += kBlock) out[j * stride] = -1;
+    } else if constexpr (kPacked) {  // n > k: every position is written
+      uint64_t* out = sink.out.row(row);
+      const int64_t start = pack_row_start(sink, row);
+      for_each_selected([&](int j, int64_t at) {
+        out[at * sink.out.col_stride] = pack_candidate(sink, row, start, column(j));
+      });
+    } else {  // n > k: every position is written
+      int32_t* out = a.out.row(row);
+      for_each_selected([&](int j, int64_t at) { out[at * a.out.col_stride] = column(j); });
     }
     __syncthreads();  // runs and hist are rewritten by the next row
   }
@@ -1204,18 +1284,21 @@ void launch(const TopkPerRowArgs& a, const Sink& sink, const TopkPlan& plan, con
                           "topk_per_row kernel launch", a, sink, plan.cluster);
 }
 
-template <typename Bits, int kItems>
-void launch_short_rows(const TopkPerRowArgs& a, const Place& place) {
+template <typename Bits, int kItems, int kBlock, typename Sink>
+void launch_short_rows(const TopkPerRowArgs& a, const Sink& sink, const Place& place) {
   const unsigned grid = static_cast<unsigned>(a.rows < kMaxGridX ? a.rows : kMaxGridX);
-  launch_kernel(topk_short_rows_kernel<Bits, kItems>, grid, kShortThreads, place.cuda_stream(),
-                "topk_per_row kernel launch", a);
+  launch_kernel(topk_short_rows_kernel<Bits, kItems, kBlock, Sink>, grid, kBlock,
+                place.cuda_stream(), "topk_per_row kernel launch", a, sink);
 }
 
-template <typename Bits>
-void launch_short_rows(const TopkPerRowArgs& a, const Place& place) {
-  if (a.cols <= kShortThreads * 4) return launch_short_rows<Bits, 4>(a, place);
-  if (a.cols <= kShortThreads * 8) return launch_short_rows<Bits, 8>(a, place);
-  launch_short_rows<Bits, kShortMaxItems>(a, place);
+template <typename Bits, typename Sink>
+void launch_short_rows(const TopkPerRowArgs& a, const Sink& sink, const Place& place) {
+  if (a.cols <= 256 * 4) return launch_short_rows<Bits, 4, 256>(a, sink, place);
+  if (a.cols <= 256 * 8) return launch_short_rows<Bits, 8, 256>(a, sink, place);
+  if (a.cols <= 256 * kShortMaxItems) {
+    return launch_short_rows<Bits, kShortMaxItems, 256>(a, sink, place);
+  }
+  launch_short_rows<Bits, kShortMaxItems, 512>(a, sink, place);
 }
 
 //! Picks the plan and the kernel for the score type and launches it.
@@ -1224,10 +1307,9 @@ void run_selection(const TopkPerRowArgs& a, const Sink& sink, const Place& place
   if (a.rows == 0) return;
   DeviceGuard guard(place.device);
   const TopkPlan plan = topk_plan(a.rows, a.cols, sm_count(place.device));
-  if constexpr (std::is_same<Sink, IdsSink>::value) {  // the short-row kernel writes ids only
-    if (plan.short_rows && !a.sorted) {
-      return a.bf16 ? launch_short_rows<uint16_t>(a, place) : launch_short_rows<uint32_t>(a, place);
-    }
+  if (plan.short_rows && !a.sorted) {  // sorted ids: the cluster kernel's rewrite
+    return a.bf16 ? launch_short_rows<uint16_t>(a, sink, place)
+                  : launch_short_rows<uint32_t>(a, sink, place);
   }
   if (a.bf16) {
     plan.resident ? launch<uint16_t, true>(a, sink, plan, place)

@@ -103,8 +103,8 @@ struct TopkPlan {
   int cluster = 1;
   int64_t slice = 0;
   bool resident = true;
-  //! Unsorted ids of rows this short take the short-row kernel instead (one CTA per row,
-  //! the keys in registers); the cluster plan above serves sorted rows and the fused sinks.
+  //! Rows this short take the short-row kernel instead (one CTA per row, the keys in
+  //! registers), for every sink; the cluster plan above serves sorted ids.
   bool short_rows = false;
 };
 
