@@ -48,22 +48,37 @@ def details(report: str, out) -> None:
 
 def hot_lines(report: str, out, top: int) -> None:
     """The source page is one section per kernel: a kernel-name row, then a header row
-    (Address, Source, Warp Stall Sampling ...), then one row per SASS instruction."""
+    (Address, Source, Warp Stall Sampling ...), then one row per SASS instruction. A kernel
+    profiled more than once is summarized once. Where the page has the warp instructions
+    executed per line, they are printed too, with the lines that execute the most: where
+    an issue-bound kernel spends its instructions."""
     header, body, kernel = None, [], "?"
+    seen = set()
 
     def flush():
-        if not header or not body:
+        if not header or not body or kernel in seen:
             return
+        seen.add(kernel)
         samples = next(i for i, c in enumerate(header) if "Warp Stall Sampling (All" in c)
         reasons = [i for i, c in enumerate(header) if c.startswith("stall_")
                    and "Not Issued" not in c]
+        executed = next((i for i, c in enumerate(header) if c == "Instructions Executed"), None)
         total = sum(number(r[samples]) for r in body) or 1.0
-        out.write(f"\n## {kernel[:120]} ({len(body)} SASS lines, {total:.0f} samples)\n")
+        count = sum(number(r[executed]) for r in body) if executed is not None else 0.0
+        out.write(f"\n## {kernel[:120]} ({len(body)} SASS lines, {total:.0f} samples"
+                  + (f", {count:.0f} warp instructions executed" if executed is not None else "")
+                  + ")\n")
         for r in sorted(body, key=lambda r: -number(r[samples]))[:top]:
             why = sorted(((number(r[i]), header[i]) for i in reasons if number(r[i]) > 0),
                          reverse=True)[:3]
+            ran = f"  executed {number(r[executed]):.0f}" if executed is not None else ""
             out.write(f"{100 * number(r[samples]) / total:5.1f}%  {r[1].strip()[:64]:64}  "
-                      + ", ".join(f"{name}={v:.0f}" for v, name in why) + "\n")
+                      + ", ".join(f"{name}={v:.0f}" for v, name in why) + ran + "\n")
+        if executed is not None and count > 0:
+            out.write(f"-- the {top} lines executed most (share of {count:.0f}):\n")
+            for r in sorted(body, key=lambda r: -number(r[executed]))[:top]:
+                out.write(f"{100 * number(r[executed]) / count:5.1f}%  {r[0].strip():>8}  "
+                          f"{r[1].strip()[:64]}\n")
 
     for r in ncu_csv(report, "source", "--print-source", "sass"):
         if any("Warp Stall Sampling (All" in c for c in r):
