@@ -49,6 +49,11 @@ struct Strided2D {
   DSA_HD T& operator()(int64_t r, int64_t c) const {
     return data[r * row_stride + c * col_stride];
   }
+  //! cols clamped below 2^32: exact for a caller whose column indices are < 2^31, which
+  //! then bounds them with one 32-bit compare.
+  DSA_HD uint32_t cols_u32() const {
+    return static_cast<uint32_t>(cols < UINT32_MAX ? cols : UINT32_MAX);
+  }
   //! Rows are dense and every row starts on a 16-byte boundary: vector accesses are safe.
   bool rows_vectorizable() const {
     return col_stride == 1 && reinterpret_cast<uintptr_t>(data) % 16 == 0 &&

@@ -63,9 +63,7 @@ DSA_HD C128ARow c128a_row(const C128AArgs& a, int64_t t) {
     const int64_t req = a.token_to_req[t];
     if (req >= 0 && req < a.block_table.rows) {
       row.table_row = a.block_table.row(req);
-      // Block indices are < 2^31 (i < width < 2^31): a count clamped below 2^32 is exact.
-      row.blocks = static_cast<uint32_t>(a.block_table.cols < UINT32_MAX ? a.block_table.cols
-                                                                          : UINT32_MAX);
+      row.blocks = a.block_table.cols_u32();  // block indices are < 2^31: i < width < 2^31
     }
   } else {
     row.out = a.prefill.row(t - a.num_decode);

@@ -67,10 +67,7 @@ DSA_HD ConvertRow convert_row(const ConvertIndexArgs& a, int64_t t) {
   }
   if (req >= 0 && req < a.block_table.rows) {
     row.table_row = a.block_table.row(req);
-    // Block indices are < 2^31 (token positions are int32): a count clamped below 2^32 is
-    // exact.
-    row.blocks = static_cast<uint32_t>(a.block_table.cols < UINT32_MAX ? a.block_table.cols
-                                                                        : UINT32_MAX);
+    row.blocks = a.block_table.cols_u32();  // block indices are < 2^31: token ids are int32
   }
   return row;
 }
