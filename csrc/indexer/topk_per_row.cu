@@ -481,29 +481,24 @@ __device__ __forceinline__ uint32_t count_and_capture(SharedState& s, const Bits
   };
   if (threadIdx.x < l.head) take_whole(threadIdx.x);
   if (threadIdx.x < n - l.tail) take_whole(l.tail + threadIdx.x);
-  // The first batch: counted, the floor set from it, then captured from the registers.
-  uint32_t floor = 0;
   uint4 v[kLoadsInFlight];
-  load(0, v);
+  // Loads the batch at `base` into v and counts its keys.
+  auto load_and_count_batch = [&](uint32_t base) {
+    load(base, v);
 #pragma unroll
-  for (int u = 0; u < kLoadsInFlight; ++u) {
-    uint32_t key[kPerVector];
-    keys_of(v[u], key);
-    if (u * kThreads + threadIdx.x < l.vectors) count(key);
-  }
-  if (!capturing) {  // block-uniform
-    for (uint32_t base = kStep; base < l.vectors; base += kStep) {
-      load(base, v);
-#pragma unroll
-      for (int u = 0; u < kLoadsInFlight; ++u) {
-        uint32_t key[kPerVector];
-        keys_of(v[u], key);
-        if (base + u * kThreads + threadIdx.x < l.vectors) count(key);
-      }
+    for (int u = 0; u < kLoadsInFlight; ++u) {
+      uint32_t key[kPerVector];
+      keys_of(v[u], key);
+      if (base + u * kThreads + threadIdx.x < l.vectors) count(key);
     }
+  };
+  // The first batch: counted, the floor set from it, then captured from the registers.
+  load_and_count_batch(0);
+  if (!capturing) {  // block-uniform
+    for (uint32_t base = kStep; base < l.vectors; base += kStep) load_and_count_batch(base);
     return 0;
   }
-  floor = capture_floor(s, hist, k, n, row_count, m.capacity);
+  const uint32_t floor = capture_floor(s, hist, k, n, row_count, m.capacity);
   const uint32_t floor_key = floor << 21;
   Mask mask = 0;
 #pragma unroll
