@@ -342,9 +342,9 @@ def test_plans_by_shape():
 @pytest.mark.parametrize("L", [1, 100, 1024, 1025, 2048, 2049, 4095, 4096, 4097, 8192])
 def test_short_row_kernel_equals_the_cpu(L):
     """Rows of at most 8192 columns take the short-row kernel (each of its widths of 4, 8
-    and 16 keys per thread, 256 and 512 threads): many rows of randn, 4-value (ties at the threshold) and
-    special values, full or clamped lengths, fp32 and bf16, against the CPU and the forced
-    cluster plan."""
+    and 16 keys per thread, 256 and 512 threads): many rows of randn, 4-value (ties at the
+    threshold) and special values, full or clamped lengths, fp32 and bf16, against the CPU
+    and the forced cluster plan."""
     from dsa_ext import _C
     assert _C.topk_per_row_plan(300, L, 0)[3] == 1
     g = torch.Generator().manual_seed(L)
