@@ -431,9 +431,13 @@ __device__ __forceinline__ uint32_t count_and_capture(SharedState& s, const Bits
 #pragma unroll
     for (int e = 0; e < kPerVector; ++e) key[e] = score_key(lanes[e]);
   };
+  // The histogram's shared address in a register (see topk_short_rows_kernel): else the
+  // counting loop that does not capture rebuilds it for every vector.
+  uint32_t hist_address = static_cast<uint32_t>(__cvta_generic_to_shared(hist));
+  asm("" : "+r"(hist_address));
   auto count = [&](const uint32_t (&key)[kPerVector]) {
 #pragma unroll
-    for (int e = 0; e < kPerVector; ++e) atomicAdd(&hist[key[e] >> 21], 1u);
+    for (int e = 0; e < kPerVector; ++e) shared_increment(hist_address + (key[e] >> 21) * 4u);
   };
   // Sets the mask bits of vector u's keys at or above floor_key (floor << 21).
   auto mark = [&](const uint32_t (&key)[kPerVector], int u, uint32_t floor_key, Mask& mask) {
