@@ -231,10 +231,13 @@ __device__ __forceinline__ VectorLayout vector_layout(const Bits* src, uint32_t 
 template <typename Bits>
 __device__ __forceinline__ void load_and_count(const Bits* src, uint32_t n, uint32_t* keys,
                                                uint32_t* hist) {
+  // The histogram's shared address in a register (see count_and_capture).
+  uint32_t hist_address = static_cast<uint32_t>(__cvta_generic_to_shared(hist));
+  asm("" : "+r"(hist_address));
   auto take = [&](uint32_t j, Bits bits) {
     const uint32_t key = score_key(bits);
     keys[j] = key;
-    atomicAdd(&hist[key >> 21], 1u);
+    shared_increment(hist_address + (key >> 21) * 4u);
   };
   constexpr int kPerVector = 16 / sizeof(Bits);
   const VectorLayout l = vector_layout(src, n);
