@@ -109,7 +109,8 @@ __device__ __forceinline__ int pass_bins(int pass) { return pass == 2 ? 1024 : 2
 __device__ __forceinline__ uint32_t high_bits(uint32_t x, int s) { return s >= 32 ? 0u : x >> s; }
 
 //! Adds 1 to the 32-bit word at shared-memory address `address` (a shared-window offset,
-//! as __cvta_generic_to_shared gives).
+//! as __cvta_generic_to_shared gives): this CTA's own shared memory only (atomicAdd on a
+//! generic pointer also reaches another CTA's).
 __device__ __forceinline__ void shared_increment(uint32_t address) {
   asm volatile("red.shared.add.u32 [%0], 1;" ::"r"(address) : "memory");
 }
