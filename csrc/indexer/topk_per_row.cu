@@ -108,6 +108,13 @@ __device__ __forceinline__ int pass_bins(int pass) { return pass == 2 ? 1024 : 2
 //! x >> s for s in [0, 32] (32: every key has the same, empty, high part).
 __device__ __forceinline__ uint32_t high_bits(uint32_t x, int s) { return s >= 32 ? 0u : x >> s; }
 
+//! Adds 1 to the 32-bit word at shared-memory address `address` (a shared-window offset,
+//! as __cvta_generic_to_shared gives): this CTA's own shared memory only (atomicAdd on a
+//! generic pointer also reaches another CTA's).
+__device__ __forceinline__ void shared_increment(uint32_t address) {
+  asm volatile("red.shared.add.u32 [%0], 1;" ::"r"(address) : "memory");
+}
+
 //! 32-bit words of one bitmap for a slice of `columns` columns.
 constexpr int64_t bitmap_words(int64_t columns) {
   const int64_t covered = columns < kSegmentColumns ? columns : kSegmentColumns;
@@ -225,10 +232,13 @@ __device__ __forceinline__ VectorLayout vector_layout(const Bits* src, uint32_t 
 template <typename Bits>
 __device__ __forceinline__ void load_and_count(const Bits* src, uint32_t n, uint32_t* keys,
                                                uint32_t* hist) {
+  // The histogram's shared address in a register (see count_and_capture).
+  uint32_t hist_address = static_cast<uint32_t>(__cvta_generic_to_shared(hist));
+  asm("" : "+r"(hist_address));
   auto take = [&](uint32_t j, Bits bits) {
     const uint32_t key = score_key(bits);
     keys[j] = key;
-    atomicAdd(&hist[key >> 21], 1u);
+    shared_increment(hist_address + (key >> 21) * 4u);
   };
   constexpr int kPerVector = 16 / sizeof(Bits);
   const VectorLayout l = vector_layout(src, n);
@@ -425,9 +435,13 @@ __device__ __forceinline__ uint32_t count_and_capture(SharedState& s, const Bits
 #pragma unroll
     for (int e = 0; e < kPerVector; ++e) key[e] = score_key(lanes[e]);
   };
+  // The histogram's shared address in a register (see topk_short_rows_kernel): else the
+  // counting loop that does not capture rebuilds it for every vector.
+  uint32_t hist_address = static_cast<uint32_t>(__cvta_generic_to_shared(hist));
+  asm("" : "+r"(hist_address));
   auto count = [&](const uint32_t (&key)[kPerVector]) {
 #pragma unroll
-    for (int e = 0; e < kPerVector; ++e) atomicAdd(&hist[key[e] >> 21], 1u);
+    for (int e = 0; e < kPerVector; ++e) shared_increment(hist_address + (key[e] >> 21) * 4u);
   };
   // Sets the mask bits of vector u's keys at or above floor_key (floor << 21).
   auto mark = [&](const uint32_t (&key)[kPerVector], int u, uint32_t floor_key, Mask& mask) {
@@ -1084,6 +1098,12 @@ __global__ void __launch_bounds__(kBlock, kShortBlockThreads / kBlock)  // 64 re
     __syncthreads();
   };
   const auto column = [&](int j) { return j * kBlock + static_cast<int32_t>(threadIdx.x); };
+  // The histogram's shared address, kept in a register: at the 64-register bound the
+  // compiler otherwise rebuilds it before every increment (S2UR of the CTA's cluster id,
+  // then ULEA: 16 dependent pairs per pass at 16 keys a thread). The slot sink, short of
+  // registers, would spill it (40 bytes against 16), so it lets the compiler choose.
+  uint32_t hist_address = static_cast<uint32_t>(__cvta_generic_to_shared(hist));
+  if constexpr (!kSlots) asm("" : "+r"(hist_address));
 
   for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
     const RowWindow w = row_window(a, row);
@@ -1130,7 +1150,7 @@ __global__ void __launch_bounds__(kBlock, kShortBlockThreads / kBlock)  // 64 re
 #pragma unroll
         for (int j = 0; j < kItems; ++j) {
           if (column(j) < n && high_bits(key[j], digit_shift + 8) == want) {
-            atomicAdd(&hist[(key[j] >> digit_shift) & 255u], 1u);
+            shared_increment(hist_address + ((key[j] >> digit_shift) & 255u) * 4u);
           }
         }
         __syncthreads();
