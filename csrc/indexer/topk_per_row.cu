@@ -786,7 +786,8 @@ __global__ void __launch_bounds__(kThreads, 1024 / kThreads)  // 64 registers
       sum_groups(hist, bins, s.groups[pass & 1]);
       cluster_barrier(cluster);  // every CTA's histogram of this pass is complete
       find_digit(s, hist, s.groups[pass & 1], bins, cluster, remaining);
-      if (!kResident && pass == 1 && threadIdx.x < 32) {  // the cluster's bounds (written before the barrier)
+      // The cluster's bounds of the bin (each CTA's, written before the barrier).
+      if (!kResident && pass == 1 && threadIdx.x < 32) {
         uint32_t lo = ~0u, hi = 0;
         if (static_cast<int>(threadIdx.x) < cluster) {
           const SharedState* other =
