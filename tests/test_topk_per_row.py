@@ -466,6 +466,25 @@ def test_streamed_capture_paths(dtype, L, plan):
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("plan", [102, 101, 104])
+def test_streamed_single_key_bin(plan):
+    # A first-digit bin that holds one key (heavy ties) ends the selection after pass 1,
+    # from the candidate list (a rare top value) or from a walk (a third of the row).
+    L = 131072
+    g = torch.Generator().manual_seed(plan)
+    rare = (torch.rand(4, L, generator=g) < 0.02).float() * 2
+    rare += torch.randint(0, 2, (4, L), generator=g)  # 3 and 2 about 1% each, then 1 and 0
+    common = torch.randint(0, 3, (4, L), generator=g).float()
+    x = torch.cat([rare, common])
+    lengths = torch.arange(8, dtype=I32) * 9000 + 60000
+    with forced_topk_plan(plan):
+        for dtype in (torch.float32, torch.bfloat16):
+            for k in (1, 512, 2048, 4096):
+                run_both(torch.device("cuda"), x.to(dtype), k)
+                run_both(torch.device("cuda"), x.to(dtype), k, lengths=lengths)
+
+
+@pytest.mark.cuda
 def test_streamed_capture_multi_segment_bf16():
     # Slices past the bitmaps (kSegmentColumns) mark by walking their segments, while the
     # captured list still serves the refining passes.

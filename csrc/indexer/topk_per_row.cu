@@ -133,6 +133,9 @@ struct SharedState {
   uint32_t warp_a[kWarps], warp_b[kWarps];
   uint32_t groups[2][kBins / kGroupBins];  // group sums of hist, read by the others
   uint32_t digit, above, in_bin;
+  uint32_t bin_lo, bin_hi;  // this CTA's least and greatest key of the first digit's bin
+  uint32_t single_key;      // the cluster's bin holds one key (pass 1), and which
+  uint32_t bin_key;
   uint32_t candidates;  // appended to the candidate list
   uint32_t cta[2][2];   // this CTA's totals per exchange, read by the others
   uint32_t sums[4];     // the exchange's result, for every thread
@@ -751,7 +754,7 @@ __global__ void __launch_bounds__(kThreads, 1024 / kThreads)  // 64 registers
       m.tie[i] = 0;  // marked from the list
       if (!kResident) m.sel[i] = 0;  // marked from the captured list (else by a walk)
     }
-    if (threadIdx.x == 0) s.candidates = 0;
+    if (threadIdx.x == 0) s.candidates = 0, s.bin_lo = ~0u, s.bin_hi = 0;
     __syncthreads();
     if constexpr (kResident) {
       load_and_count<Bits>(slice.src, slice.n, keys, s.hist[0]);
@@ -766,9 +769,16 @@ __global__ void __launch_bounds__(kThreads, 1024 / kThreads)  // 64 registers
       if (pass > 0) {
         const int decided = digit_shift + (pass == 1 ? 11 : 10);
         const uint32_t want = high_bits(prefix, decided);
+        // Streamed, pass 1 also keeps the least and greatest key of the bin: where they are
+        // equal (heavy ties) the last pass would only find that key again, in one more walk
+        // over global memory. (Resident walks read shared memory; there the two registers
+        // would spill.)
+        const bool bounds = !kResident && pass == 1;
+        uint32_t lo = ~0u, hi = 0;
         auto count = [&](uint32_t key) {
           if (high_bits(key, decided) == want) {
             atomicAdd(&hist[(key >> digit_shift) & (bins - 1)], 1u);
+            if (bounds) lo = min(lo, key), hi = max(hi, key);
           }
         };
         if (listed) {
@@ -776,11 +786,27 @@ __global__ void __launch_bounds__(kThreads, 1024 / kThreads)  // 64 registers
         } else {
           slice.for_each_key(count);
         }
+        if (bounds) {
+          lo = __reduce_min_sync(0xffffffffu, lo), hi = __reduce_max_sync(0xffffffffu, hi);
+          if (threadIdx.x % 32 == 0) atomicMin(&s.bin_lo, lo), atomicMax(&s.bin_hi, hi);
+        }
       }
       __syncthreads();
       sum_groups(hist, bins, s.groups[pass & 1]);
       cluster_barrier(cluster);  // every CTA's histogram of this pass is complete
       find_digit(s, hist, s.groups[pass & 1], bins, cluster, remaining);
+      // The cluster's bounds of the bin (each CTA's, written before the barrier).
+      if (!kResident && pass == 1 && threadIdx.x < 32) {
+        uint32_t lo = ~0u, hi = 0;
+        if (static_cast<int>(threadIdx.x) < cluster) {
+          const SharedState* other =
+              cluster > 1 ? cg::this_cluster().map_shared_rank(&s, static_cast<int>(threadIdx.x))
+                          : &s;
+          lo = other->bin_lo, hi = other->bin_hi;
+        }
+        lo = __reduce_min_sync(0xffffffffu, lo), hi = __reduce_max_sync(0xffffffffu, hi);
+        if (threadIdx.x == 0) s.single_key = lo == hi, s.bin_key = lo;
+      }
       if (pass == 1) {  // pass 2 reuses pass 0's buffer: every CTA has read it by now
         for (int i = threadIdx.x; i < kBins; i += kThreads) s.hist[0][i] = 0;
       }
@@ -797,6 +823,12 @@ __global__ void __launch_bounds__(kThreads, 1024 / kThreads)  // 64 registers
         listed_count = s.candidates;
       }
       if (s.in_bin == remaining) break;  // the whole bin is taken: nothing to refine
+      if (!kResident && pass == 1 && s.single_key) {  // every key of the bin is this one
+        prefix = s.bin_key;
+        shift = 0;
+        threshold = prefix;
+        break;
+      }
       if (pass == 0 && !listed) {
         listed = s.hist[0][s.digit] <= kList;  // this CTA's keys in the bin
         if (listed) {
