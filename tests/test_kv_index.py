@@ -352,6 +352,7 @@ def test_plans_by_shape():
     assert tuple(plan(16, 8192, True, 0)) == (8, 4, 0)  # counted rows: at most 4 parts
     assert tuple(plan(64, 2048, True, 0)) == (8, 1, 0)  # one CTA a row: no exchange
     assert tuple(plan(16, 2048, True, 0)) == (2, 4, 0)
+    assert tuple(plan(24, 2048, True, 0)) == (8, 1, 0)
     assert tuple(plan(1 << 14, 2048, True, 0)) == (8, 1, 0)
     assert tuple(plan(1 << 14, 100, True, 0)) == (1, 1, 0)
     assert tuple(plan(1 << 14, 8192, True, 0)) == (0, 1, 256)  # many rows: no exchange

@@ -471,12 +471,12 @@ ConvertPlan convert_plan(int64_t rows, int64_t cols, int64_t sms, bool counts) {
   const int forced = g_plan_override.load(std::memory_order_relaxed);
   // Columns per thread, from the H200 sweeps against vLLM (RESULTS.md): the fewer the rows,
   // the shorter the tiles and the more CTAs a row is spread over. Counted rows go to 8 from
-  // a quarter of the SMs: a K = 2048 row is then one CTA and needs no cluster exchange
-  // (T = 64 / 256: 2.75 / 3.64 us with 2 / 4 columns, 2.42 / 3.08 with 8). Without counts
-  // 4 win on many rows (K = 2048, T = 1024 / 16384: 8.0 / 112 us against 8.2 / 117), and
-  // rows past 8 parts of 4 still take 8 below.
+  // an eighth of the SMs: a K = 2048 row is then one CTA and needs no cluster exchange
+  // (T = 32 / 64 / 256: 2.57 / 2.75 / 3.64 us with 2 / 2 / 4 columns, 2.35 / 2.42 / 3.08
+  // with 8; T = 16 ties). Without counts 4 win on many rows (K = 2048, T = 1024 / 16384:
+  // 8.0 / 112 us against 8.2 / 117), and rows past 8 parts of 4 still take 8 below.
   int items = rows * (counts ? 64 : 8) <= sms ? 1
-              : rows * (counts ? 4 : 2) <= sms ? 2
+              : rows * (counts ? 8 : 2) <= sms ? 2
               : counts                        ? 8
                                               : 4;
   if (forced >= 0) items = forced;
