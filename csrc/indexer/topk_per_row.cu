@@ -82,14 +82,26 @@ constexpr uint32_t kFloorFillNum = 9, kFloorFillDen = 10;
 //! 32K 27.9 -> 28.9) and 8K ones lost more (256 x 8192 13.3 -> 17.7, 1024 x 8192 48.3 ->
 //! 62.4). To be measured: this bound against capturing everywhere, in one call.
 constexpr int64_t kCaptureMinSlice = 32768;
-//! Columns the two bitmaps of a CTA cover at most (32 KB); longer slices go in segments.
-constexpr int64_t kSegmentColumns = 131072;
+//! Columns the two bitmaps of a CTA cover at most (16 KB: with the streamed list, 96 KB,
+//! two streamed CTAs fit an SM); longer slices are marked one segment at a time.
+constexpr int64_t kSegmentColumns = 65536;
 //! Keys per CTA at most: one CTA per SM (176 KB of keys, 11 KB of bitmaps, the candidates).
 constexpr int64_t kSliceOneCta = 45056;
 //! Fewest columns per CTA the plan spreads a row to (shorter slices only add exchanges).
 constexpr int64_t kMinSlice = 1024;
-//! Most columns per CTA the plan gives (the list holds their threshold bin on randn rows).
+//! Most columns per CTA the plan gives (the list holds their threshold bin on randn rows),
+//! unless longer slices, up to kPlanLongSlice, save a wave of streamed CTAs (topk_plan).
 constexpr int64_t kPlanSlice = 65536;
+//! Longest streamed slice the plan gives: two bitmap segments; the list still holds a
+//! randn row's capture (about 5.2K keys at 128K columns, k = 2048).
+constexpr int64_t kPlanLongSlice = 2 * kSegmentColumns;
+//! Streamed CTAs an SM holds (512 threads of 64 registers, 96 KB of list and bitmaps).
+constexpr int64_t kStreamedPerSm = 2;
+//! A wave of streamed CTAs costs about its slice's columns plus this many for its serial
+//! tail (passes, marks, scans, writes, with the loads idle). An estimate from one shape:
+//! H200, 256 x 128K in two waves of 64K-column slices, about 40 us a wave, of which about
+//! 17 us is the stream (256 KB a CTA at the copy bandwidth).
+constexpr int64_t kWaveTailColumns = 65536;
 //! A CTA's selected ids are staged in its histograms' shared memory, in output order, when
 //! there are at most this many of them (topk_to_slots converts kStagedPerThread per thread).
 constexpr int64_t kStagedSlots = 4096;
@@ -745,6 +757,7 @@ __global__ void __launch_bounds__(kThreads, 1024 / kThreads)  // 64 registers
   uint32_t threshold = 0, remaining = static_cast<uint32_t>(w.count < k ? w.count : k);
   // This CTA's threshold-bin keys are in the candidate list (else in the slice only).
   bool listed = false;
+  bool captured = false;  // ... and so are all the keys above them (count_and_capture)
   uint32_t listed_count = 0;
   uint32_t floor = 0;  // streamed: the capture floor (count_and_capture)
 
@@ -819,7 +832,7 @@ __global__ void __launch_bounds__(kThreads, 1024 / kThreads)  // 64 registers
       // Captured while counting, the list holds every key at or above the digit unless it
       // overflowed or the floor (an estimate from the first batch) is above the digit.
       if (pass == 0 && capturing && s.candidates <= kList && floor <= s.digit) {
-        listed = true;
+        listed = captured = true;
         listed_count = s.candidates;
       }
       if (s.in_bin == remaining) break;  // the whole bin is taken: nothing to refine
@@ -846,15 +859,20 @@ __global__ void __launch_bounds__(kThreads, 1024 / kThreads)  // 64 registers
   }
 
   // Mark the selected columns and count them: CTA totals, and in one segment each thread's
-  // counts before its run of bitmap words.
-  const bool marked_from_list = listed && one_segment;
-  if (marked_from_list) {
+  // counts before its run of bitmap words. The list marks them where it holds them: in one
+  // segment (the walk that refilled it marked the keys above the bin), or captured.
+  const bool marked_from_list = listed && (one_segment || captured);
+  // Marks the listed selected columns of [s0, s1) (s0 a multiple of 32), bit j - s0.
+  auto mark_from_list = [&](uint32_t s0, uint32_t s1) {
     for (uint32_t c = threadIdx.x; c < listed_count; c += kThreads) {
       const uint2 c_key_col = m.cand[c];
-      const uint32_t h = high_bits(c_key_col.x, shift), j = c_key_col.y;
-      if (h >= threshold) atomicOr(&(h > threshold ? m.sel : m.tie)[j / 32], 1u << (j % 32));
+      const uint32_t h = high_bits(c_key_col.x, shift), j = c_key_col.y - s0;
+      if (h >= threshold && j < s1 - s0) {
+        atomicOr(&(h > threshold ? m.sel : m.tie)[j / 32], 1u << (j % 32));
+      }
     }
-  }
+  };
+  if (marked_from_list && one_segment) mark_from_list(0, slice.n);
   // Thread t counts and visits the bitmap words [t * run, t * run + run) of a segment of
   // `seg_words` words (run odd: a warp's reads hit distinct banks).
   auto word_run = [&](uint32_t seg_words, uint32_t& w0, uint32_t& w1) {
@@ -867,7 +885,13 @@ __global__ void __launch_bounds__(kThreads, 1024 / kThreads)  // 64 registers
   auto scan_segment = [&](uint32_t seg, uint32_t& w0, uint32_t& w1, uint32_t& gt_before,
                           uint32_t& eq_before, uint32_t& gt_total, uint32_t& eq_total) {
     const uint32_t s0 = seg * segment, s1 = slice.n - s0 > segment ? s0 + segment : slice.n;
-    if (!marked_from_list) mark_by_walk(slice, m, s0, s1, shift, threshold);
+    if (!marked_from_list) {
+      mark_by_walk(slice, m, s0, s1, shift, threshold);
+    } else if (!one_segment) {  // the previous segment's words are read (block_scan2)
+      for (int64_t i = threadIdx.x; i < words; i += kThreads) m.sel[i] = 0, m.tie[i] = 0;
+      __syncthreads();
+      mark_from_list(s0, s1);
+    }
     __syncthreads();
     word_run((s1 - s0 + 31) / 32, w0, w1);
     uint32_t gt = 0, eq = 0;
@@ -877,10 +901,19 @@ __global__ void __launch_bounds__(kThreads, 1024 / kThreads)  // 64 registers
   const uint32_t segments = one_segment ? 1 : (slice.n - 1) / segment + 1;
   uint32_t w0 = 0, w1 = 0;
   uint32_t gt_before = 0, eq_before = 0, gt_total = 0, eq_total = 0;
-  for (uint32_t seg = 0; seg < segments; ++seg) {
-    uint32_t gt_seg, eq_seg;
-    scan_segment(seg, w0, w1, gt_before, eq_before, gt_seg, eq_seg);
-    gt_total += gt_seg, eq_total += eq_seg;
+  if (marked_from_list && !one_segment) {  // the totals from the list, no marks
+    uint32_t gt = 0, eq = 0;
+    for (uint32_t c = threadIdx.x; c < listed_count; c += kThreads) {
+      const uint32_t h = high_bits(m.cand[c].x, shift);
+      gt += h > threshold, eq += h == threshold;
+    }
+    block_scan2(s, gt, eq, gt_before, eq_before, gt_total, eq_total);
+  } else {
+    for (uint32_t seg = 0; seg < segments; ++seg) {
+      uint32_t gt_seg, eq_seg;
+      scan_segment(seg, w0, w1, gt_before, eq_before, gt_seg, eq_seg);
+      gt_total += gt_seg, eq_total += eq_seg;
+    }
   }
   // Slots counted (compaction, valid counts) need a second exchange, after the first.
   bool counted = false;
@@ -1089,7 +1122,7 @@ __global__ void __launch_bounds__(kThreads, 1024 / kThreads)  // 64 registers
  *        scans), then each selected column's output position, the number of selected
  *        columns before it (ballots and a scan of the 32-column run counts), so the output
  *        keeps ascending column order. The cluster kernel's fixed costs (2048-bin
- *        histograms, candidate list, bitmaps, 80 KB of shared memory) outweigh the work of
+ *        histograms, candidate list, bitmaps, 96 KB of shared memory) outweigh the work of
  *        a row this short; this one keeps several CTAs per SM. Grid-stride over the rows.
  *        The sinks as in topk_per_row_kernel: ids (unsorted), DCP candidate keys, or slots
  *        (converted in registers, all gathers of a thread in flight; compaction and valid
@@ -1395,6 +1428,17 @@ TopkPlan topk_plan(int64_t rows, int64_t cols, int64_t sms) {
   if (c < 1) c = 1;
   if (c > kMaxPlanCluster) c = kMaxPlanCluster;
   plan.resident = (cols + c - 1) / c <= kSliceOneCta && rows * c <= sms;
+  if (!plan.resident) {
+    // Streamed, each wave of CTAs pays the selection's serial tail with its loads idle:
+    // slices up to kPlanLongSlice columns where the waves they save outweigh their length.
+    int64_t longest = (cols + kPlanLongSlice - 1) / kPlanLongSlice;
+    if (longest < 1) longest = 1;
+    const int64_t per_wave = kStreamedPerSm * sms;
+    auto cost = [&](int64_t n) {  // waves x (slice + tail), in columns
+      return (rows * n + per_wave - 1) / per_wave * ((cols + n - 1) / n + kWaveTailColumns);
+    };
+    if (longest < c && cost(longest) < cost(c)) c = longest;
+  }
   plan.cluster = static_cast<int>(c);
   plan.slice = (cols + c - 1) / c;
   return plan;
