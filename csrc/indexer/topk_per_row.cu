@@ -898,30 +898,6 @@ __global__ void __launch_bounds__(kThreads, 1024 / kThreads)  // 64 registers
     for (uint32_t i = w0; i < w1; ++i) gt += __popc(m.sel[i]), eq += __popc(m.tie[i]);
     block_scan2(s, gt, eq, gt_before, eq_before, gt_total, eq_total);
   };
-  const uint32_t segments = one_segment ? 1 : (slice.n - 1) / segment + 1;
-  uint32_t w0 = 0, w1 = 0;
-  uint32_t gt_before = 0, eq_before = 0, gt_total = 0, eq_total = 0;
-  if (marked_from_list && !one_segment) {  // the totals from the list, no marks
-    uint32_t gt = 0, eq = 0;
-    for (uint32_t c = threadIdx.x; c < listed_count; c += kThreads) {
-      const uint32_t h = high_bits(m.cand[c].x, shift);
-      gt += h > threshold, eq += h == threshold;
-    }
-    block_scan2(s, gt, eq, gt_before, eq_before, gt_total, eq_total);
-  } else {
-    for (uint32_t seg = 0; seg < segments; ++seg) {
-      uint32_t gt_seg, eq_seg;
-      scan_segment(seg, w0, w1, gt_before, eq_before, gt_seg, eq_seg);
-      gt_total += gt_seg, eq_total += eq_seg;
-    }
-  }
-  // Slots counted (compaction, valid counts) need a second exchange, after the first.
-  bool counted = false;
-  if constexpr (kSlots) counted = sink.compact || sink.valid_counts.present();
-  const ClusterSums selected =
-      cluster_exchange(s, 0, cluster, rank, gt_total, eq_total, !counted && !a.sorted);
-  const int64_t taken = w.count < k ? w.count : k;
-
   // Calls visit(position, id) for each selected column of the words [w0, w1) of the
   // segment starting at column s0, in column order: position = the number of selected
   // columns before it. (gt, eq): the counts before word w0.
@@ -945,6 +921,42 @@ __global__ void __launch_bounds__(kThreads, 1024 / kThreads)  // 64 registers
       }
     }
   };
+  const uint32_t segments = one_segment ? 1 : (slice.n - 1) / segment + 1;
+  // Staged ids (below) go to the histograms' shared memory, free after the passes.
+  int32_t* const stage = reinterpret_cast<int32_t*>(&s.hist[0][0]);
+  // One CTA per row needs no exchange for its output positions: a slice of several
+  // segments stages its ids as it counts them, each segment marked once (not once for the
+  // totals and again for the positions: a walk of the slice where the list overflowed).
+  const bool stage_while_counting =
+      !kResident && cluster == 1 && !one_segment && k <= kStagedSlots;
+  uint32_t w0 = 0, w1 = 0;
+  uint32_t gt_before = 0, eq_before = 0, gt_total = 0, eq_total = 0;
+  if (marked_from_list && !one_segment && !stage_while_counting) {  // totals from the list
+    uint32_t gt = 0, eq = 0;
+    for (uint32_t c = threadIdx.x; c < listed_count; c += kThreads) {
+      const uint32_t h = high_bits(m.cand[c].x, shift);
+      gt += h > threshold, eq += h == threshold;
+    }
+    block_scan2(s, gt, eq, gt_before, eq_before, gt_total, eq_total);
+  } else {
+    for (uint32_t seg = 0; seg < segments; ++seg) {
+      uint32_t gt_seg, eq_seg;
+      scan_segment(seg, w0, w1, gt_before, eq_before, gt_seg, eq_seg);
+      if (stage_while_counting) {
+        visit_words(seg * segment, w0, w1, gt_total + gt_before, eq_total + eq_before,
+                    [&](int64_t pos, int32_t id) { stage[pos] = id; });
+        __syncthreads();  // the words are read before the next segment's marks
+      }
+      gt_total += gt_seg, eq_total += eq_seg;
+    }
+  }
+  // Slots counted (compaction, valid counts) need a second exchange, after the first.
+  bool counted = false;
+  if constexpr (kSlots) counted = sink.compact || sink.valid_counts.present();
+  const ClusterSums selected =
+      cluster_exchange(s, 0, cluster, rank, gt_total, eq_total, !counted && !a.sorted);
+  const int64_t taken = w.count < k ? w.count : k;
+
   // Calls visit(position, id) for each selected column of the CTA. Every thread calls it.
   auto for_each_selected = [&](auto&& visit) {
     if (segments == 1) {
@@ -975,8 +987,7 @@ __global__ void __launch_bounds__(kThreads, 1024 / kThreads)  // 64 registers
   // histograms are free: every CTA of the cluster has read them before the exchange
   // above), so that the writes are coalesced and topk_to_slots' gathers are batched.
   const bool staged = count <= kStagedSlots;
-  int32_t* const stage = reinterpret_cast<int32_t*>(&s.hist[0][0]);
-  if (staged) {
+  if (staged && !stage_while_counting) {
     for_each_selected([&](int64_t pos, int32_t id) { stage[pos - first] = id; });
     __syncthreads();
   }
