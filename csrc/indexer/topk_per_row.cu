@@ -155,6 +155,11 @@ struct SharedState {
 
 static_assert(kStagedSlots * sizeof(int32_t) <= sizeof(SharedState::hist),
               "a CTA's ids are staged in the histograms");
+// sm_90 / sm_100: 228 KB of shared memory per SM, 1 KB of it reserved per CTA.
+static_assert(kStreamedPerSm * (dynamic_smem_bytes(kPlanLongSlice, false) +
+                                static_cast<int64_t>(sizeof(SharedState)) + 1024) <=
+                  228 * 1024,
+              "kStreamedPerSm streamed CTAs fit an SM");
 
 /*!
  * \brief Exclusive block-wide prefix sums of (a, b) in thread order, and their totals.
@@ -887,7 +892,7 @@ __global__ void __launch_bounds__(kThreads, 1024 / kThreads)  // 64 registers
     const uint32_t s0 = seg * segment, s1 = slice.n - s0 > segment ? s0 + segment : slice.n;
     if (!marked_from_list) {
       mark_by_walk(slice, m, s0, s1, shift, threshold);
-    } else if (!one_segment) {  // the previous segment's words are read (block_scan2)
+    } else if (!one_segment) {  // the callers' barrier: the previous words are read
       for (int64_t i = threadIdx.x; i < words; i += kThreads) m.sel[i] = 0, m.tie[i] = 0;
       __syncthreads();
       mark_from_list(s0, s1);
@@ -944,7 +949,9 @@ __global__ void __launch_bounds__(kThreads, 1024 / kThreads)  // 64 registers
       scan_segment(seg, w0, w1, gt_before, eq_before, gt_seg, eq_seg);
       if (stage_while_counting) {
         visit_words(seg * segment, w0, w1, gt_total + gt_before, eq_total + eq_before,
-                    [&](int64_t pos, int32_t id) { stage[pos] = id; });
+                    [&](int64_t pos, int32_t id) {
+                      if (pos < kStagedSlots) stage[pos] = id;  // (logits changed mid-run)
+                    });
         __syncthreads();  // the words are read before the next segment's marks
       }
       gt_total += gt_seg, eq_total += eq_seg;
