@@ -32,7 +32,10 @@ SWEEP = [1, 2, 3, 4, 6, 8, 12, 16]
 
 
 def logits_for(B: int, L: int, seed: int, distinct: int = 0) -> torch.Tensor:
+    """randn scores (distinct 0), `distinct` integers, or uniform in [0, 1) (distinct -1)."""
     g = torch.Generator(device="cuda").manual_seed(seed)
+    if distinct < 0:
+        return torch.rand((B, L), device="cuda", generator=g)
     if distinct:
         return torch.randint(0, distinct, (B, L), generator=g, device="cuda").float()
     return torch.randn((B, L), device="cuda", generator=g)
@@ -59,8 +62,11 @@ def main() -> int:
           f"{dsa_ext.__version__}; launch floor (1-element add_) {floor:.2f} us; k={K}")
     cases = [(B, L, 0, torch.float32) for B, L in SHAPES]
     # 3 distinct scores: a threshold bin past the candidate list (the passes walk the slice).
+    # Uniform [0, 1) (on a 2^-24 grid: ties possible): a quarter of the keys share the
+    # first digit's top bin.
     cases += [(64, 32768, 16, torch.float32), (64, 131072, 16, torch.float32),
-              (64, 131072, 3, torch.float32),
+              (64, 131072, 3, torch.float32), (256, 131072, 16, torch.float32),
+              (256, 131072, -1, torch.float32),
               (64, 32768, 0, torch.bfloat16), (64, 131072, 0, torch.bfloat16)]
     rows = []
     print(f"{'shape':22} {'vLLM best':>16} {'dsa_ext us':>10} {'ratio':>6} {'equal':>6} "
@@ -94,7 +100,7 @@ def main() -> int:
                     best, best_name = t, name
         us = bench_graph(lambda: dsa_ext.topk_per_row(ours_in, K, out=ours), iters=20)
         plan = tuple(_C.topk_per_row_plan(B, L, 0))
-        tag = ((f" ties{distinct}" if distinct else "") +
+        tag = ((f" ties{distinct}" if distinct > 0 else " uniform" if distinct else "") +
                (" bf16" if dtype is torch.bfloat16 else ""))
         shape = f"{B}x{L // 1024}K{tag}"
         equal = not unequal

@@ -127,6 +127,16 @@ __device__ __forceinline__ void shared_increment(uint32_t address) {
   asm volatile("red.shared.add.u32 [%0], 1;" ::"r"(address) : "memory");
 }
 
+//! The shared-window address of `p`; kPinned: made opaque, so it stays in a register. At
+//! the 64-register bound the compiler otherwise rebuilds it before every use (S2UR of the
+//! CTA's cluster id, then ULEA: in a counting loop, a dependent pair per increment).
+template <bool kPinned = true>
+__device__ __forceinline__ uint32_t shared_address(const void* p) {
+  uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  if constexpr (kPinned) asm("" : "+r"(address));
+  return address;
+}
+
 //! 32-bit words of one bitmap for a slice of `columns` columns.
 constexpr int64_t bitmap_words(int64_t columns) {
   const int64_t covered = columns < kSegmentColumns ? columns : kSegmentColumns;
@@ -252,9 +262,7 @@ __device__ __forceinline__ VectorLayout vector_layout(const Bits* src, uint32_t 
 template <typename Bits>
 __device__ __forceinline__ void load_and_count(const Bits* src, uint32_t n, uint32_t* keys,
                                                uint32_t* hist) {
-  // The histogram's shared address in a register (see count_and_capture).
-  uint32_t hist_address = static_cast<uint32_t>(__cvta_generic_to_shared(hist));
-  asm("" : "+r"(hist_address));
+  const uint32_t hist_address = shared_address(hist);
   auto take = [&](uint32_t j, Bits bits) {
     const uint32_t key = score_key(bits);
     keys[j] = key;
@@ -455,10 +463,7 @@ __device__ __forceinline__ uint32_t count_and_capture(SharedState& s, const Bits
 #pragma unroll
     for (int e = 0; e < kPerVector; ++e) key[e] = score_key(lanes[e]);
   };
-  // The histogram's shared address in a register (see topk_short_rows_kernel): else the
-  // counting loop that does not capture rebuilds it for every vector.
-  uint32_t hist_address = static_cast<uint32_t>(__cvta_generic_to_shared(hist));
-  asm("" : "+r"(hist_address));
+  const uint32_t hist_address = shared_address(hist);
   auto count = [&](const uint32_t (&key)[kPerVector]) {
 #pragma unroll
     for (int e = 0; e < kPerVector; ++e) shared_increment(hist_address + (key[e] >> 21) * 4u);
@@ -1181,12 +1186,9 @@ __global__ void __launch_bounds__(kBlock, kShortBlockThreads / kBlock)  // 64 re
     __syncthreads();
   };
   const auto column = [&](int j) { return j * kBlock + static_cast<int32_t>(threadIdx.x); };
-  // The histogram's shared address, kept in a register: at the 64-register bound the
-  // compiler otherwise rebuilds it before every increment (S2UR of the CTA's cluster id,
-  // then ULEA: 16 dependent pairs per pass at 16 keys a thread). The slot sink, short of
-  // registers, would spill it (40 bytes against 16), so it lets the compiler choose.
-  uint32_t hist_address = static_cast<uint32_t>(__cvta_generic_to_shared(hist));
-  if constexpr (!kSlots) asm("" : "+r"(hist_address));
+  // The slot sink, short of registers, would spill a pinned address (40 bytes against 16),
+  // so it lets the compiler choose.
+  const uint32_t hist_address = shared_address<!kSlots>(hist);
 
   for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
     const RowWindow w = row_window(a, row);
