@@ -331,7 +331,9 @@ def test_plans_by_shape():
     assert plan(256, 32768) == (1, 32768, 0, 0)  # past one wave: streamed
     assert plan(16, 131072) == (8, 16384, 1, 0)
     assert plan(64, 131072) == (2, 65536, 0, 0)  # past one CTA's shared memory: streamed
-    assert plan(256, 131072) == (2, 65536, 0, 0)
+    assert plan(128, 131072) == (2, 65536, 0, 0)  # one wave of two CTAs per row
+    assert plan(256, 131072) == (1, 131072, 0, 0)  # one wave of one, not two of two
+    assert plan(512, 131072) == (1, 131072, 0, 0)
     assert plan(1, 1 << 20) == (8, 131072, 0, 0)
     # Rows of at most 8192 columns: the short-row kernel (unsorted ids).
     assert plan(100000, 100)[3] == 1
@@ -446,13 +448,15 @@ def capture_rows(L, dtype, seed):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-# Slices past kCaptureMinSlice (32768) capture; (20000, 101) and (131072, 104) walk.
+# Slices past kCaptureMinSlice (32768) capture; (20000, 101) and (131072, 104) walk; one CTA
+# of 131072 and 140000 columns marks two and three bitmap segments from its list.
 @pytest.mark.parametrize("L, plan", [(131072, 102), (131075, 102), (40000, 101), (20000, 101),
-                                     (131072, 104)])
+                                     (131072, 104), (131072, 101), (140000, 101)])
 def test_streamed_capture_paths(dtype, L, plan):
     x = capture_rows(L, dtype, L + plan)
     with forced_topk_plan(plan):
-        for k in (1, 512, 2048, 4096, 10239, 10240):
+        # 6000: past the stage, so a captured list of several segments counts its totals.
+        for k in (1, 512, 2048, 4096, 6000, 10239, 10240):
             run_both(torch.device("cuda"), x, k)
             # Unaligned slices and ragged windows: the captured head and tail columns.
             starts = torch.arange(8, dtype=I32) * 3 + 1
@@ -486,8 +490,8 @@ def test_streamed_single_key_bin(plan):
 
 @pytest.mark.cuda
 def test_streamed_capture_multi_segment_bf16():
-    # Slices past the bitmaps (kSegmentColumns) mark by walking their segments, while the
-    # captured list still serves the refining passes.
+    # Slices past the bitmaps (kSegmentColumns) mark their segments from the captured list
+    # (or walk them where it overflowed); the last segment holds 3 columns.
     L = 2 * 131072 + 5
     x = capture_rows(L, torch.bfloat16, L)
     with forced_topk_plan(102):

@@ -1,6 +1,6 @@
 """Small topk_per_row / topk_to_slots / topk_to_candidates runs over every plan kind (resident
-and streamed clusters, one and several bitmap segments, randn and 16-value rows, more ids
-per CTA than the conversion's stage), each compared with the CPU, for compute-sanitizer
+and streamed clusters, one and several bitmap segments, randn, uniform and 16-value rows,
+more ids per CTA than the conversion's stage), each compared with the CPU, for compute-sanitizer
 (memcheck, racecheck, synccheck); the default plan runs rows of at most 8192 columns on the
 short-row kernel:
 
@@ -19,6 +19,11 @@ for B, L in ((2, 20000), (3, 4100), (1, 70000), (2, 300000), (5, 4096), (3, 8192
     x = torch.randn(B, L, generator=g)
     x[-1] = torch.randint(0, 16, (L,), generator=g).float()
     cases.append(x)
+# Uniform and 16-value rows of 128K columns: one CTA per row (plan 101) refines its capture
+# floor to a second digit and selects from the list.
+x = torch.rand(2, 131072, generator=g)
+x[1] = torch.randint(0, 16, (x.shape[1],), generator=g).float()
+cases.append(x)
 bad = 0
 for plan in (-1, 1, 2, 3, 8, 101, 102, 108):
     _C.set_topk_plan_override(plan)

@@ -25,8 +25,11 @@
 //   they capture every key at or above a floor (count_and_capture), a digit estimated once
 //   from the first batch of loads to lie at or below the row's threshold digit with a margin
 //   (capture_floor); the rest of the slice is counted and captured with no block barrier.
-//   A CTA walks only when the capture overflowed or the floor is above the threshold digit,
-//   and slices of at most kCaptureMinSlice columns walk without capturing.
+//   Where that digit's keys would overflow the list (ties, narrow ranges), one CTA per row
+//   refines the floor to a second digit (refine_capture_floor): the list then holds the
+//   row's selection when it holds at least k keys. A CTA walks only when the capture
+//   overflowed or missed the selection, and slices of at most kCaptureMinSlice columns walk
+//   without capturing.
 // - Output positions: the selection is the marked keys above the threshold and the first
 //   `remaining` (in column order) of those equal to it. Each thread counts both bitmaps
 //   over a contiguous run of words (an odd number, so a warp's reads hit distinct banks);
@@ -82,14 +85,26 @@ constexpr uint32_t kFloorFillNum = 9, kFloorFillDen = 10;
 //! 32K 27.9 -> 28.9) and 8K ones lost more (256 x 8192 13.3 -> 17.7, 1024 x 8192 48.3 ->
 //! 62.4). To be measured: this bound against capturing everywhere, in one call.
 constexpr int64_t kCaptureMinSlice = 32768;
-//! Columns the two bitmaps of a CTA cover at most (32 KB); longer slices go in segments.
-constexpr int64_t kSegmentColumns = 131072;
+//! Columns the two bitmaps of a CTA cover at most (16 KB: with the streamed list, 96 KB,
+//! two streamed CTAs fit an SM); longer slices are marked one segment at a time.
+constexpr int64_t kSegmentColumns = 65536;
 //! Keys per CTA at most: one CTA per SM (176 KB of keys, 11 KB of bitmaps, the candidates).
 constexpr int64_t kSliceOneCta = 45056;
 //! Fewest columns per CTA the plan spreads a row to (shorter slices only add exchanges).
 constexpr int64_t kMinSlice = 1024;
-//! Most columns per CTA the plan gives (the list holds their threshold bin on randn rows).
+//! Most columns per CTA the plan gives (the list holds their threshold bin on randn rows),
+//! unless longer slices, up to kPlanLongSlice, save a wave of streamed CTAs (topk_plan).
 constexpr int64_t kPlanSlice = 65536;
+//! Longest streamed slice the plan gives: two bitmap segments; the list still holds a
+//! randn row's capture (about 5.2K keys at 128K columns, k = 2048).
+constexpr int64_t kPlanLongSlice = 2 * kSegmentColumns;
+//! Streamed CTAs an SM holds (512 threads of 64 registers, 96 KB of list and bitmaps).
+constexpr int64_t kStreamedPerSm = 2;
+//! A wave of streamed CTAs costs about its slice's columns plus this many for its serial
+//! tail (passes, marks, scans, writes, with the loads idle). An estimate from one shape:
+//! H200, 256 x 128K in two waves of 64K-column slices, about 40 us a wave, of which about
+//! 17 us is the stream (256 KB a CTA at the copy bandwidth).
+constexpr int64_t kWaveTailColumns = 65536;
 //! A CTA's selected ids are staged in its histograms' shared memory, in output order, when
 //! there are at most this many of them (topk_to_slots converts kStagedPerThread per thread).
 constexpr int64_t kStagedSlots = 4096;
@@ -138,6 +153,11 @@ constexpr int64_t dynamic_smem_bytes(int64_t slice, bool resident) {
 }
 constexpr int kMaxDynamicSmem = static_cast<int>(dynamic_smem_bytes(kSliceOneCta, true));
 
+//! What refine_capture_floor needs from capture_floor (fill_rank 0: nothing to refine).
+struct RefineFloor {
+  uint32_t bin, fill_rank, margin_rank;
+};
+
 struct SharedState {
   alignas(16) uint32_t hist[2][kBins];  // read as 16-byte vectors; then the staged ids
   uint32_t warp_a[kWarps], warp_b[kWarps];
@@ -147,12 +167,18 @@ struct SharedState {
   uint32_t single_key;      // the cluster's bin holds one key (pass 1), and which
   uint32_t bin_key;
   uint32_t candidates;  // appended to the candidate list
+  RefineFloor refine;   // capture_floor's hand-over to refine_capture_floor
   uint32_t cta[2][2];   // this CTA's totals per exchange, read by the others
   uint32_t sums[4];     // the exchange's result, for every thread
 };
 
 static_assert(kStagedSlots * sizeof(int32_t) <= sizeof(SharedState::hist),
               "a CTA's ids are staged in the histograms");
+// sm_90 / sm_100: 228 KB of shared memory per SM, 1 KB of it reserved per CTA.
+static_assert(kStreamedPerSm * (dynamic_smem_bytes(kPlanLongSlice, false) +
+                                static_cast<int64_t>(sizeof(SharedState)) + 1024) <=
+                  228 * 1024,
+              "kStreamedPerSm streamed CTAs fit an SM");
 
 /*!
  * \brief Exclusive block-wide prefix sums of (a, b) in thread order, and their totals.
@@ -227,6 +253,10 @@ struct RowSlice {
 struct VectorLayout {
   uint32_t head, vectors, tail;
 };
+
+//! Columns of a slice outside its 16-byte vectors at most: an unaligned head and tail.
+template <typename Bits>
+constexpr uint32_t kUnalignedKeys = 2 * (16 / sizeof(Bits) - 1);
 
 template <typename Bits>
 __device__ __forceinline__ VectorLayout vector_layout(const Bits* src, uint32_t n) {
@@ -351,9 +381,23 @@ struct Marks {
 };
 
 /*!
- * \brief The capture floor of a streamed CTA, from the histogram `hist` of the keys it has
- *        counted so far (n_seen of them, the first batch of its slice of `n` columns; the
- *        row's window has `row_count`): the higher of
+ * \brief The r-th largest key's bin in the histogram `hist` of one CTA (`groups`: its
+ *        group sums), r in [1, its total]. Warp 0 calls it; every lane gets the bin. It
+ *        leaves the keys of the higher bins in s.above.
+ */
+__device__ __forceinline__ uint32_t nth_digit(SharedState& s, uint32_t* hist, uint32_t* groups,
+                                              uint32_t r) {
+  find_digit(s, hist, groups, kBins, 1, r);
+  __syncwarp();  // one lane wrote s.digit and s.above
+  const uint32_t d = s.digit;
+  __syncwarp();  // read before the next write
+  return d;
+}
+
+/*!
+ * \brief The capture floor of a streamed CTA, as a first digit, from the histogram `hist`
+ *        of the keys it has counted so far (n_seen of them, the first batch of its slice of
+ *        `n` columns; the row's window has `row_count`): the higher of
  *        - the first digit of the r-th largest key counted, r = ceil(kFloorMargin * k *
  *          n_seen / row_count): a row whose keys do not trend along the columns has about
  *          k * n_seen / row_count of those keys at or above its threshold key, so the floor
@@ -361,6 +405,9 @@ struct Marks {
  *        - the lowest digit whose counted keys at or above it, scaled to the slice
  *          (n / n_seen), fit kFloorFillNum / kFloorFillDen of the list: the margin is given up
  *          only where the capture would overflow the list anyway.
+ *        Where the second bound decides, it also leaves what refine_capture_floor needs in
+ *        s.refine: the bin B of the key fit + 1 and the ranks in B of that key and (0 where
+ *        it lies below B) of the r-th.
  *        The floor is NOT guaranteed to be at or below the threshold digit (sorted rows,
  *        rows that trend); the kernel checks it after the first pass and walks the slice
  *        when it is above. Every thread calls it once; it uses s.groups[1] and s.digit as
@@ -374,28 +421,29 @@ __device__ __forceinline__ uint32_t capture_floor(SharedState& s, uint32_t* hist
   __syncthreads();
   if (threadIdx.x < 32) {
     const uint32_t seen = warp_sum(s.groups[1][threadIdx.x]);
-    // The digit of the r-th largest counted key, r in [1, seen], in every lane of warp 0.
-    auto digit_at = [&](uint64_t r) {
-      find_digit(s, hist, s.groups[1], kBins, 1, static_cast<uint32_t>(r));
-      __syncwarp();  // one lane wrote s.digit
-      const uint32_t d = s.digit;
-      __syncwarp();  // read before the next write
-      return d;
-    };
     uint32_t floor = 0;  // nothing counted (an empty slice): nothing to choose from
+    RefineFloor refine{0, 0, 0};
     if (seen > 0) {
-      const uint64_t r = (uint64_t{kFloorMargin} * k * seen + row_count - 1) / row_count;
-      floor = digit_at(r < seen ? r : seen);
+      const uint64_t margin = (uint64_t{kFloorMargin} * k * seen + row_count - 1) / row_count;
+      const uint32_t r = static_cast<uint32_t>(margin < seen ? margin : seen);
+      floor = nth_digit(s, hist, s.groups[1], r);
+      const uint32_t margin_digit = floor;
       // Keys of the first batch that scale to kFloorFillNum / kFloorFillDen of the list.
       const uint64_t fit =
           uint64_t{kFloorFillNum} * capacity * seen / (uint64_t{kFloorFillDen} * n);
       if (fit < seen) {  // else every digit fits
+        const uint32_t fill_bin = nth_digit(s, hist, s.groups[1], static_cast<uint32_t>(fit) + 1);
         // The bin of key fit + 1 left out (2047 at most: the keys compare with floor << 21).
-        const uint32_t fill_floor = min(digit_at(fit + 1) + 1, kBins - 1u);
-        if (fill_floor > floor) floor = fill_floor;
+        const uint32_t fill_floor = min(fill_bin + 1, kBins - 1u);
+        if (fill_floor > floor) {
+          floor = fill_floor;
+          const uint32_t above = s.above;  // keys in the bins above fill_bin
+          refine = {fill_bin, static_cast<uint32_t>(fit) + 1 - above,
+                    margin_digit == fill_bin ? r - above : 0};
+        }
       }
     }
-    if (threadIdx.x == 0) s.digit = floor;
+    if (threadIdx.x == 0) s.digit = floor, s.refine = refine;
   }
   __syncthreads();
   // The next write of s.digit (pass 0's find_digit) is behind two barriers.
@@ -403,28 +451,74 @@ __device__ __forceinline__ uint32_t capture_floor(SharedState& s, uint32_t* hist
 }
 
 /*!
+ * \brief Where the list bound decided the capture floor (s.refine.fill_rank > 0), the floor
+ *        to the next 11 bits: the first batch's keys of bin B = s.refine.bin are counted by
+ *        their second digits in s.hist[1] (free until pass 1; cleared again here), and the
+ *        floor becomes the higher of the second digit after that of the key fit + 1 and
+ *        (where it lies in B) that of the r-th key (capture_floor). A bin of ties or of a
+ *        narrow range (16 distinct values, uniform [0, 1)) then fits the list in part.
+ *        Returns the floor as a key: floor_key << 21 of capture_floor's digit, or finer.
+ *        Every thread calls it with its keys of the first batch (`take(visit)` calls
+ *        visit(key) for each of them).
+ */
+template <typename Take>
+__device__ __forceinline__ uint32_t refine_capture_floor(SharedState& s, uint32_t floor,
+                                                         Take&& take) {
+  const RefineFloor refine = s.refine;  // written before capture_floor's last barrier
+  if (refine.fill_rank == 0) return floor << 21;  // block-uniform
+  uint32_t* const hist = s.hist[1];
+  const uint32_t hist_address = shared_address(hist);
+  take([&](uint32_t key) {
+    if ((key >> 21) == refine.bin) shared_increment(hist_address + ((key >> 10) & (kBins - 1)) * 4u);
+  });
+  __syncthreads();
+  sum_groups(hist, kBins, s.groups[1]);
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    // The unaligned columns (capture_floor counted them) may leave the ranks past the bin.
+    const uint32_t in_bin = warp_sum(s.groups[1][threadIdx.x]);
+    uint32_t fine = floor << 11;  // capture_floor's floor in second-digit units
+    if (in_bin > 0) {
+      const uint32_t base = refine.bin << 11;
+      fine = base + nth_digit(s, hist, s.groups[1], min(refine.fill_rank, in_bin)) + 1;
+      if (refine.margin_rank > 0) {
+        fine = max(fine, base + nth_digit(s, hist, s.groups[1], min(refine.margin_rank, in_bin)));
+      }
+      fine = min(fine, (1u << 22) - 1u);  // at most the highest second digit
+    }
+    if (threadIdx.x == 0) s.digit = fine;
+  }
+  __syncthreads();
+  const uint32_t floor_key = s.digit << 10;
+  for (int i = threadIdx.x; i < kBins; i += kThreads) hist[i] = 0;  // pass 1 counts here
+  return floor_key;
+}
+
+/*!
  * \brief Streamed plans: counts the slice's first digits into `hist` (the slice has `n`
  *        columns at `src`, the row's window `row_count`) and captures into the candidate
- *        list every key whose first digit is at or above the capture floor, so that the
- *        selection needs no second walk over the slice. The floor is set once, from the
- *        first batch of loads (kThreads * kLoadsInFlight vectors: 16K fp32 or 32K bf16
- *        keys), by capture_floor; that batch is captured from the registers after it. Every
- *        later batch is counted and captured with the floor fixed and no block barrier: a
- *        thread marks its keys at or above the floor in a bit mask while counting, then its
- *        warp appends them with one atomic on the list's length. The unaligned columns
- *        (fewer than 2 * 16 / sizeof(Bits)) are captured whole. Returns the floor: the list
- *        holds every key at or above the row's threshold digit D when floor <= D and
- *        s.candidates <= m.capacity; else the kernel walks the slice. Host model of the list
- *        sizes: tools/topk_capture_sizes.py (k = 2048, 64K-column slices: about 2.6K captured
- *        on randn rows, 8.2K on 16-value and uniform ones). `capturing` false (k alone would
- *        fill the list, or the row's slices are at most kCaptureMinSlice columns): counts
- *        only, returns 0. Every thread calls it.
+ *        list every key at or above the capture floor, so that the selection needs no
+ *        second walk over the slice. The floor is set once, from the first batch of loads
+ *        (kThreads * kLoadsInFlight vectors: 16K fp32 or 32K bf16 keys), by capture_floor, and
+ *        with `refine` (one CTA per row) to a second digit by refine_capture_floor; that batch
+ *        is captured from the registers after it. Every later batch is counted and captured
+ *        with the floor fixed and no block barrier: a thread marks its keys at or above the
+ *        floor in a bit mask while counting, then its warp appends them with one atomic on
+ *        the list's length. The unaligned columns (fewer than kUnalignedKeys) are captured
+ *        whole. Returns the floor as a key. Where s.candidates <= m.capacity the list holds
+ *        every key at or above it: every key at or above the row's threshold digit D where
+ *        floor_key <= D << 21, every key at or above the row's k-th where s.candidates >=
+ *        k + kUnalignedKeys (one CTA per row); else the kernel walks the slice. Host model of
+ *        the list sizes: tools/topk_capture_sizes.py (k = 2048, 64K-column slices: about 2.6K
+ *        captured on randn rows, 8.2K on 16-value and uniform ones). `capturing` false (k
+ *        alone would fill the list, or the row's slices are at most kCaptureMinSlice
+ *        columns): counts only, returns 0. Every thread calls it.
  */
 template <typename Bits>
 __device__ __forceinline__ uint32_t count_and_capture(SharedState& s, const Bits* src, uint32_t n,
                                                       uint32_t row_count, uint32_t* hist,
                                                       const Marks& m, uint32_t k,
-                                                      bool capturing) {
+                                                      bool capturing, bool refine) {
   constexpr int kPerVector = 16 / sizeof(Bits);
   // Bit u * kPerVector + e: key e of the thread's vector u of the batch is captured.
   using Mask = std::conditional_t<(kLoadsInFlight * kPerVector > 32), uint64_t, uint32_t>;
@@ -451,7 +545,7 @@ __device__ __forceinline__ uint32_t count_and_capture(SharedState& s, const Bits
 #pragma unroll
     for (int e = 0; e < kPerVector; ++e) shared_increment(hist_address + (key[e] >> 21) * 4u);
   };
-  // Sets the mask bits of vector u's keys at or above floor_key (floor << 21).
+  // Sets the mask bits of vector u's keys at or above floor_key.
   auto mark = [&](const uint32_t (&key)[kPerVector], int u, uint32_t floor_key, Mask& mask) {
 #pragma unroll
     for (int e = 0; e < kPerVector; ++e) {
@@ -521,7 +615,20 @@ __device__ __forceinline__ uint32_t count_and_capture(SharedState& s, const Bits
     return 0;
   }
   const uint32_t floor = capture_floor(s, hist, k, n, row_count, m.capacity);
-  const uint32_t floor_key = floor << 21;
+  uint32_t floor_key = floor << 21;
+  if (refine) {
+    floor_key = refine_capture_floor(s, floor, [&](auto&& visit) {
+#pragma unroll
+      for (int u = 0; u < kLoadsInFlight; ++u) {
+        uint32_t key[kPerVector];
+        keys_of(v[u], key);
+        if (u * kThreads + threadIdx.x < l.vectors) {
+#pragma unroll
+          for (int e = 0; e < kPerVector; ++e) visit(key[e]);
+        }
+      }
+    });
+  }
   Mask mask = 0;
 #pragma unroll
   for (int u = 0; u < kLoadsInFlight; ++u) {
@@ -545,7 +652,7 @@ __device__ __forceinline__ uint32_t count_and_capture(SharedState& s, const Bits
     }
     append(v, base, mask);
   }
-  return floor;
+  return floor_key;
 }
 
 /*!
@@ -750,8 +857,9 @@ __global__ void __launch_bounds__(kThreads, 1024 / kThreads)  // 64 registers
   uint32_t threshold = 0, remaining = static_cast<uint32_t>(w.count < k ? w.count : k);
   // This CTA's threshold-bin keys are in the candidate list (else in the slice only).
   bool listed = false;
+  bool captured = false;  // ... and so are all the keys above them (count_and_capture)
   uint32_t listed_count = 0;
-  uint32_t floor = 0;  // streamed: the capture floor (count_and_capture)
+  uint32_t floor_key = 0;  // streamed: the capture floor (count_and_capture)
 
   if (w.count > k) {
     for (int i = threadIdx.x; i < 2 * kBins; i += kThreads) (&s.hist[0][0])[i] = 0;
@@ -764,8 +872,9 @@ __global__ void __launch_bounds__(kThreads, 1024 / kThreads)  // 64 registers
     if constexpr (kResident) {
       load_and_count<Bits>(slice.src, slice.n, keys, s.hist[0]);
     } else {
-      floor = count_and_capture<Bits>(s, slice.src, slice.n, static_cast<uint32_t>(w.count),
-                                      s.hist[0], m, static_cast<uint32_t>(k), capturing);
+      floor_key = count_and_capture<Bits>(s, slice.src, slice.n, static_cast<uint32_t>(w.count),
+                                          s.hist[0], m, static_cast<uint32_t>(k), capturing,
+                                          cluster == 1);
     }
     uint32_t prefix = 0;
     for (int pass = 0; pass < 3; ++pass) {
@@ -822,9 +931,13 @@ __global__ void __launch_bounds__(kThreads, 1024 / kThreads)  // 64 registers
       threshold = high_bits(prefix, shift);
       // s.digit is rewritten only after the next pass's scan barriers.
       // Captured while counting, the list holds every key at or above the digit unless it
-      // overflowed or the floor (an estimate from the first batch) is above the digit.
-      if (pass == 0 && capturing && s.candidates <= kList && floor <= s.digit) {
-        listed = true;
+      // overflowed or the floor (an estimate from the first batch) is above the digit; with
+      // one CTA per row, also every selected key where it holds k besides the unaligned ones
+      // (then the row's k-th key is at or above the floor).
+      if (pass == 0 && capturing && s.candidates <= kList &&
+          (floor_key <= s.digit << 21 ||
+           (cluster == 1 && s.candidates >= k + kUnalignedKeys<Bits>))) {
+        listed = captured = true;
         listed_count = s.candidates;
       }
       if (s.in_bin == remaining) break;  // the whole bin is taken: nothing to refine
@@ -851,15 +964,20 @@ __global__ void __launch_bounds__(kThreads, 1024 / kThreads)  // 64 registers
   }
 
   // Mark the selected columns and count them: CTA totals, and in one segment each thread's
-  // counts before its run of bitmap words.
-  const bool marked_from_list = listed && one_segment;
-  if (marked_from_list) {
+  // counts before its run of bitmap words. The list marks them where it holds them: in one
+  // segment (the walk that refilled it marked the keys above the bin), or captured.
+  const bool marked_from_list = listed && (one_segment || captured);
+  // Marks the listed selected columns of [s0, s1) (s0 a multiple of 32), bit j - s0.
+  auto mark_from_list = [&](uint32_t s0, uint32_t s1) {
     for (uint32_t c = threadIdx.x; c < listed_count; c += kThreads) {
       const uint2 c_key_col = m.cand[c];
-      const uint32_t h = high_bits(c_key_col.x, shift), j = c_key_col.y;
-      if (h >= threshold) atomicOr(&(h > threshold ? m.sel : m.tie)[j / 32], 1u << (j % 32));
+      const uint32_t h = high_bits(c_key_col.x, shift), j = c_key_col.y - s0;
+      if (h >= threshold && j < s1 - s0) {
+        atomicOr(&(h > threshold ? m.sel : m.tie)[j / 32], 1u << (j % 32));
+      }
     }
-  }
+  };
+  if (marked_from_list && one_segment) mark_from_list(0, slice.n);
   // Thread t counts and visits the bitmap words [t * run, t * run + run) of a segment of
   // `seg_words` words (run odd: a warp's reads hit distinct banks).
   auto word_run = [&](uint32_t seg_words, uint32_t& w0, uint32_t& w1) {
@@ -872,28 +990,19 @@ __global__ void __launch_bounds__(kThreads, 1024 / kThreads)  // 64 registers
   auto scan_segment = [&](uint32_t seg, uint32_t& w0, uint32_t& w1, uint32_t& gt_before,
                           uint32_t& eq_before, uint32_t& gt_total, uint32_t& eq_total) {
     const uint32_t s0 = seg * segment, s1 = slice.n - s0 > segment ? s0 + segment : slice.n;
-    if (!marked_from_list) mark_by_walk(slice, m, s0, s1, shift, threshold);
+    if (!marked_from_list) {
+      mark_by_walk(slice, m, s0, s1, shift, threshold);
+    } else if (!one_segment) {  // the callers' barrier: the previous words are read
+      for (int64_t i = threadIdx.x; i < words; i += kThreads) m.sel[i] = 0, m.tie[i] = 0;
+      __syncthreads();
+      mark_from_list(s0, s1);
+    }
     __syncthreads();
     word_run((s1 - s0 + 31) / 32, w0, w1);
     uint32_t gt = 0, eq = 0;
     for (uint32_t i = w0; i < w1; ++i) gt += __popc(m.sel[i]), eq += __popc(m.tie[i]);
     block_scan2(s, gt, eq, gt_before, eq_before, gt_total, eq_total);
   };
-  const uint32_t segments = one_segment ? 1 : (slice.n - 1) / segment + 1;
-  uint32_t w0 = 0, w1 = 0;
-  uint32_t gt_before = 0, eq_before = 0, gt_total = 0, eq_total = 0;
-  for (uint32_t seg = 0; seg < segments; ++seg) {
-    uint32_t gt_seg, eq_seg;
-    scan_segment(seg, w0, w1, gt_before, eq_before, gt_seg, eq_seg);
-    gt_total += gt_seg, eq_total += eq_seg;
-  }
-  // Slots counted (compaction, valid counts) need a second exchange, after the first.
-  bool counted = false;
-  if constexpr (kSlots) counted = sink.compact || sink.valid_counts.present();
-  const ClusterSums selected =
-      cluster_exchange(s, 0, cluster, rank, gt_total, eq_total, !counted && !a.sorted);
-  const int64_t taken = w.count < k ? w.count : k;
-
   // Calls visit(position, id) for each selected column of the words [w0, w1) of the
   // segment starting at column s0, in column order: position = the number of selected
   // columns before it. (gt, eq): the counts before word w0.
@@ -917,6 +1026,44 @@ __global__ void __launch_bounds__(kThreads, 1024 / kThreads)  // 64 registers
       }
     }
   };
+  const uint32_t segments = one_segment ? 1 : (slice.n - 1) / segment + 1;
+  // Staged ids (below) go to the histograms' shared memory, free after the passes.
+  int32_t* const stage = reinterpret_cast<int32_t*>(&s.hist[0][0]);
+  // One CTA per row needs no exchange for its output positions: a slice of several
+  // segments stages its ids as it counts them, each segment marked once (not once for the
+  // totals and again for the positions: a walk of the slice where the list overflowed).
+  const bool stage_while_counting =
+      !kResident && cluster == 1 && !one_segment && k <= kStagedSlots;
+  uint32_t w0 = 0, w1 = 0;
+  uint32_t gt_before = 0, eq_before = 0, gt_total = 0, eq_total = 0;
+  if (marked_from_list && !one_segment && !stage_while_counting) {  // totals from the list
+    uint32_t gt = 0, eq = 0;
+    for (uint32_t c = threadIdx.x; c < listed_count; c += kThreads) {
+      const uint32_t h = high_bits(m.cand[c].x, shift);
+      gt += h > threshold, eq += h == threshold;
+    }
+    block_scan2(s, gt, eq, gt_before, eq_before, gt_total, eq_total);
+  } else {
+    for (uint32_t seg = 0; seg < segments; ++seg) {
+      uint32_t gt_seg, eq_seg;
+      scan_segment(seg, w0, w1, gt_before, eq_before, gt_seg, eq_seg);
+      if (stage_while_counting) {
+        visit_words(seg * segment, w0, w1, gt_total + gt_before, eq_total + eq_before,
+                    [&](int64_t pos, int32_t id) {
+                      if (pos < kStagedSlots) stage[pos] = id;  // (logits changed mid-run)
+                    });
+        __syncthreads();  // the words are read before the next segment's marks
+      }
+      gt_total += gt_seg, eq_total += eq_seg;
+    }
+  }
+  // Slots counted (compaction, valid counts) need a second exchange, after the first.
+  bool counted = false;
+  if constexpr (kSlots) counted = sink.compact || sink.valid_counts.present();
+  const ClusterSums selected =
+      cluster_exchange(s, 0, cluster, rank, gt_total, eq_total, !counted && !a.sorted);
+  const int64_t taken = w.count < k ? w.count : k;
+
   // Calls visit(position, id) for each selected column of the CTA. Every thread calls it.
   auto for_each_selected = [&](auto&& visit) {
     if (segments == 1) {
@@ -947,8 +1094,7 @@ __global__ void __launch_bounds__(kThreads, 1024 / kThreads)  // 64 registers
   // histograms are free: every CTA of the cluster has read them before the exchange
   // above), so that the writes are coalesced and topk_to_slots' gathers are batched.
   const bool staged = count <= kStagedSlots;
-  int32_t* const stage = reinterpret_cast<int32_t*>(&s.hist[0][0]);
-  if (staged) {
+  if (staged && !stage_while_counting) {
     for_each_selected([&](int64_t pos, int32_t id) { stage[pos - first] = id; });
     __syncthreads();
   }
@@ -1397,6 +1543,17 @@ TopkPlan topk_plan(int64_t rows, int64_t cols, int64_t sms) {
   if (c < 1) c = 1;
   if (c > kMaxPlanCluster) c = kMaxPlanCluster;
   plan.resident = (cols + c - 1) / c <= kSliceOneCta && rows * c <= sms;
+  if (!plan.resident) {
+    // Streamed, each wave of CTAs pays the selection's serial tail with its loads idle:
+    // slices up to kPlanLongSlice columns where the waves they save outweigh their length.
+    int64_t longest = (cols + kPlanLongSlice - 1) / kPlanLongSlice;
+    if (longest < 1) longest = 1;
+    const int64_t per_wave = kStreamedPerSm * sms;
+    auto cost = [&](int64_t n) {  // waves x (slice + tail), in columns
+      return (rows * n + per_wave - 1) / per_wave * ((cols + n - 1) / n + kWaveTailColumns);
+    };
+    if (longest < c && cost(longest) < cost(c)) c = longest;
+  }
   plan.cluster = static_cast<int>(c);
   plan.slice = (cols + c - 1) / c;
   return plan;
