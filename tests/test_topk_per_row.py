@@ -401,6 +401,39 @@ def test_short_row_kernel_sinks_equal_the_cpu(L):
                 candidates_both(cuda, x, k, 3, 4, 1, row_starts=starts, row_ends=lengths)
 
 
+@pytest.mark.cuda
+@pytest.mark.parametrize("L", [100, 2048, 4000, 8192])
+def test_short_row_slots_power_of_two_blocks(L):
+    """The short-row slot sink with a power-of-two block size (decode_slots): tiles whose ids
+    all have slots (written as they are) beside tiles with invalid ones (the scan), one tile
+    of the conversion or several (k past 2048), windows shorter than k, slots past 2^31."""
+    assert dsa_ext._C.topk_per_row_plan(96, L, 0)[3] == 1
+    cuda = torch.device("cuda")
+    g = torch.Generator().manual_seed(L + 2)
+    rows = 96
+    x = torch.randn(rows, L, generator=g)
+    x[:16] = torch.randint(0, 4, (16, L), generator=g).float()
+    lengths = torch.randint(-2, L + 3, (rows,), generator=g, dtype=I32)
+    # Requests 0 and 1 cover the row (1 with one entry whose slot is past 2^31 at stride
+    # 3 * 64), 2 has every third block invalid, 3 only the first half; 4 and -1 none.
+    table = torch.randint(0, 1 << 16, (4, L // 64 + 1), generator=g, dtype=I32)
+    table[1, L // 128] = (1 << 31) // 128
+    table[2, ::3] = -1
+    table[3, L // 128:] = -1
+    req = torch.randint(-1, 5, (rows,), generator=g, dtype=I32)
+    req[:8] = 0
+    for k in (7, 2048, 3000, 5000, 8192):
+        for kw in ({}, {"lengths": lengths}):
+            for compact in (False, True):
+                for stride in (64, 3 * 64):
+                    slots_both(cuda, x, k, req, table, 64, compact=compact, block_stride=stride,
+                               **kw)
+            want, _ = reference.topk_to_slots(x, k, req, table, 64, **kw)
+            got = dsa_ext.topk_to_slots(x.cuda(), k, req.cuda(), table.cuda(), 64,
+                                        **{n: v.cuda() for n, v in kw.items()})
+            assert_equal(got, want, k=k, L=L, counts=False)
+
+
 PLANS = [1, 2, 3, 5, 6, 8, 16, 101, 104, 108]
 
 
