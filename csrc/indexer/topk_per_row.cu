@@ -130,6 +130,29 @@ __device__ __forceinline__ void shared_increment(uint32_t address) {
   asm volatile("red.shared.add.u32 [%0], 1;" ::"r"(address) : "memory");
 }
 
+//! Returns the 32-bit word at shared-memory address `address` (as shared_increment) and adds
+//! `v` to it: one atomic of the calling lane (atomicAdd from one lane of a warp is compiled
+//! to a warp-aggregated sequence, a dozen instructions).
+__device__ __forceinline__ uint32_t shared_fetch_add(uint32_t address, uint32_t v) {
+  uint32_t old;
+  asm volatile("atom.shared.add.u32 %0, [%1], %2;" : "=r"(old) : "r"(address), "r"(v) : "memory");
+  return old;
+}
+
+//! warp_inclusive_sum of 32-bit values, each step a shuffle and an add predicated on the
+//! shuffle's own in-range flag (two instructions a step; the generic one takes four).
+__device__ __forceinline__ uint32_t warp_inclusive_sum_u32(uint32_t x) {
+#pragma unroll
+  for (int d = 1; d < 32; d *= 2) {
+    asm("{\n\t.reg .u32 t;\n\t.reg .pred p;\n\t"
+        "shfl.sync.up.b32 t|p, %0, %1, 0, -1;\n\t"
+        "@p add.u32 %0, %0, t;\n\t}"
+        : "+r"(x)
+        : "r"(d));
+  }
+  return x;
+}
+
 //! The shared-window address of `p`; kPinned: made opaque, so it stays in a register. At
 //! the 64-register bound the compiler otherwise rebuilds it before every use (S2UR of the
 //! CTA's cluster id, then ULEA: in a counting loop, a dependent pair per increment).
@@ -712,6 +735,89 @@ __device__ __forceinline__ void collect_candidates(SharedState& s, const Slice& 
 }
 
 /*!
+ * \brief collect_candidates for a resident slice (`n` keys at `keys` in shared memory, one
+ *        segment): the same `sel` words and candidates in fewer instructions per key (the
+ *        walk over shared memory is bound by what it issues, not by its reads). A key is
+ *        compared with the bin's least and greatest key (no digit extracted); lane 0 stores
+ *        a batch's eight `sel` words (two 16-byte stores, no select per key); a thread notes
+ *        its threshold-bin keys as bits of a mask, and after every 32 of its keys the warp
+ *        appends them with one scan and one atomic, each lane reading its few keys back from
+ *        shared memory. The list's order is not collect_candidates' (lane by lane, not word
+ *        by word); nothing depends on it: the list is only counted and marked from.
+ */
+__device__ __forceinline__ void collect_resident_candidates(SharedState& s, const uint32_t* keys,
+                                                            uint32_t n, const Marks& m,
+                                                            uint32_t digit) {
+  constexpr uint32_t kStep = kThreads * kWalkWords;
+  constexpr int kFlushBatches = 32 / kWalkWords;  // a 32-bit mask of a thread's keys
+  static_assert(kWalkWords == 8, "a batch is two 16-byte stores of sel words");
+  const int lane = threadIdx.x % 32;
+  const uint32_t bin_floor = digit << 21, bin_ceiling = bin_floor | ((1u << 21) - 1);
+  // A batch at `base` (the warp's columns base + 32 u + lane): stores its sel words and
+  // returns this lane's threshold-bin keys as bits u.
+  auto batch = [&](uint32_t base, auto checked) {
+    constexpr bool kChecked = decltype(checked)::value;
+    uint32_t key[kWalkWords], word[kWalkWords], bits = 0;
+#pragma unroll
+    for (int u = 0; u < kWalkWords; ++u) {
+      const uint32_t j = base + 32 * u + lane;
+      key[u] = !kChecked || j < n ? keys[j] : 0u;
+    }
+#pragma unroll
+    for (int u = 0; u < kWalkWords; ++u) {
+      const bool valid = !kChecked || base + 32 * u + lane < n;
+      const bool above = key[u] > bin_ceiling;
+      word[u] = __ballot_sync(0xffffffffu, valid && above);
+      if (valid && !above && key[u] >= bin_floor) bits |= 1u << u;
+    }
+    uint32_t* const sel = m.sel + base / 32;  // 32-byte aligned: base is a multiple of 256
+    if (!kChecked) {
+      if (lane == 0) {
+        reinterpret_cast<uint4*>(sel)[0] = make_uint4(word[0], word[1], word[2], word[3]);
+        reinterpret_cast<uint4*>(sel)[1] = make_uint4(word[4], word[5], word[6], word[7]);
+      }
+    } else {
+#pragma unroll
+      for (int u = 0; u < kWalkWords; ++u) {
+        if (lane == 0 && base + 32 * u < n) sel[u] = word[u];
+      }
+    }
+    return bits;
+  };
+  // Appends the keys of `mask` (bit 8 b + u: word u of the b-th batch from `first`), with
+  // their columns. The whole warp calls it.
+  auto flush = [&](uint32_t first, uint32_t mask) {
+    const uint32_t mine = __popc(mask);
+    const uint32_t incl = warp_inclusive_sum_u32(mine);
+    uint32_t at = 0;
+    if (lane == 31) at = shared_fetch_add(shared_address(&s.candidates), incl);
+    at = __shfl_sync(0xffffffffu, at, 31) + incl - mine;
+    // No bound on `at`: the histogram counted these very keys (from shared memory, which
+    // nothing else writes), and the caller collects only a bin that fits the list.
+    const uint32_t column = first + lane;
+    while (mask != 0) {  // most lanes hold none or one
+      const uint32_t p = 31u - __clz(mask);
+      mask ^= 1u << p;
+      const uint32_t j = column + (p / kWalkWords) * kStep + (p % kWalkWords) * 32;
+      m.cand[at++] = make_uint2(keys[j], j);
+    }
+  };
+  uint32_t first = (threadIdx.x - lane) * kWalkWords;  // the warp's first batch of the flush
+  while (first < n) {  // warp-uniform
+    uint32_t mask = 0;
+#pragma unroll 1
+    for (int b = 0; b < kFlushBatches && first + b * kStep < n; ++b) {
+      const uint32_t base = first + b * kStep;
+      const uint32_t bits = base + 32 * kWalkWords <= n ? batch(base, std::false_type{})
+                                                          : batch(base, std::true_type{});
+      mask |= bits << (kWalkWords * b);
+    }
+    flush(first, mask);
+    first += kFlushBatches * kStep;
+  }
+}
+
+/*!
  * \brief Marks the columns [s0, s1) of the slice in the bitmaps by their keys (bit j - s0):
  *        high_bits(key, shift) above `threshold` in `sel`, equal in `tie`. With shift 32
  *        every column is equal (the keys are not read). kWalkWords words per warp
@@ -955,7 +1061,11 @@ __global__ void __launch_bounds__(kThreads, 1024 / kThreads)  // 64 registers
             if (threadIdx.x == 0) s.candidates = 0;
             __syncthreads();
           }
-          collect_candidates(s, slice, m, s.digit, one_segment);
+          if constexpr (kResident) {
+            collect_resident_candidates(s, keys, slice.n, m, s.digit);
+          } else {
+            collect_candidates(s, slice, m, s.digit, one_segment);
+          }
           __syncthreads();
           listed_count = s.candidates < kList ? s.candidates : kList;
         }
