@@ -743,11 +743,14 @@ __device__ __forceinline__ void collect_candidates(SharedState& s, const Slice& 
  *        its threshold-bin keys as bits of a mask, and after every 32 of its keys the warp
  *        appends them with one scan and one atomic, each lane reading its few keys back from
  *        shared memory. The list's order is not collect_candidates' (lane by lane, not word
- *        by word); nothing depends on it: the list is only counted and marked from.
+ *        by word); nothing depends on it: the list is only counted and marked from. The
+ *        appended keys are counted into `next_hist`, pass 1's histogram, as they are written
+ *        (the pass then has no walk over the list). Every thread calls it; the block barrier
+ *        of pass 1 publishes the list and the counts.
  */
 __device__ __forceinline__ void collect_resident_candidates(SharedState& s, const uint32_t* keys,
                                                             uint32_t n, const Marks& m,
-                                                            uint32_t digit) {
+                                                            uint32_t digit, uint32_t* next_hist) {
   constexpr uint32_t kStep = kThreads * kWalkWords;
   constexpr int kFlushBatches = 32 / kWalkWords;  // a 32-bit mask of a thread's keys
   static_assert(kWalkWords == 8, "a batch is two 16-byte stores of sel words");
@@ -784,8 +787,9 @@ __device__ __forceinline__ void collect_resident_candidates(SharedState& s, cons
     }
     return bits;
   };
+  const uint32_t next_hist_address = shared_address(next_hist);
   // Appends the keys of `mask` (bit 8 b + u: word u of the b-th batch from `first`), with
-  // their columns. The whole warp calls it.
+  // their columns, and counts their pass-1 digits. The whole warp calls it.
   auto flush = [&](uint32_t first, uint32_t mask) {
     const uint32_t mine = __popc(mask);
     const uint32_t incl = warp_inclusive_sum_u32(mine);
@@ -799,7 +803,9 @@ __device__ __forceinline__ void collect_resident_candidates(SharedState& s, cons
       const uint32_t p = 31u - __clz(mask);
       mask ^= 1u << p;
       const uint32_t j = column + (p / kWalkWords) * kStep + (p % kWalkWords) * 32;
-      m.cand[at++] = make_uint2(keys[j], j);
+      const uint32_t key = keys[j];
+      m.cand[at++] = make_uint2(key, j);
+      shared_increment(next_hist_address + ((key >> pass_shift(1)) & (pass_bins(1) - 1)) * 4u);
     }
   };
   uint32_t first = (threadIdx.x - lane) * kWalkWords;  // the warp's first batch of the flush
@@ -1002,7 +1008,10 @@ __global__ void __launch_bounds__(kThreads, 1024 / kThreads)  // 64 registers
           }
         };
         if (listed) {
-          for (uint32_t c = threadIdx.x; c < listed_count; c += kThreads) count(m.cand[c].x);
+          // Resident CTAs counted pass 1 while collecting the list.
+          if (!kResident || pass == 2) {
+            for (uint32_t c = threadIdx.x; c < listed_count; c += kThreads) count(m.cand[c].x);
+          }
         } else {
           slice.for_each_key(count);
         }
@@ -1054,20 +1063,22 @@ __global__ void __launch_bounds__(kThreads, 1024 / kThreads)  // 64 registers
         break;
       }
       if (pass == 0 && !listed) {
-        listed = s.hist[0][s.digit] <= kList;  // this CTA's keys in the bin
+        const uint32_t in_bin = s.hist[0][s.digit];  // this CTA's keys in the bin
+        listed = in_bin <= kList;
         if (listed) {
-          if (!kResident) {  // the capture missed (see above): the list is refilled by a walk
+          if constexpr (kResident) {
+            // The list is exactly the bin's keys (the histogram counted them from shared
+            // memory), so its length needs no barrier.
+            collect_resident_candidates(s, keys, slice.n, m, s.digit, s.hist[1]);
+            listed_count = in_bin;
+          } else {  // the capture missed (see above): the list is refilled by a walk
             __syncthreads();  // every thread has read s.candidates
             if (threadIdx.x == 0) s.candidates = 0;
             __syncthreads();
-          }
-          if constexpr (kResident) {
-            collect_resident_candidates(s, keys, slice.n, m, s.digit);
-          } else {
             collect_candidates(s, slice, m, s.digit, one_segment);
+            __syncthreads();
+            listed_count = s.candidates < kList ? s.candidates : kList;
           }
-          __syncthreads();
-          listed_count = s.candidates < kList ? s.candidates : kList;
         }
       }
     }
