@@ -937,6 +937,16 @@ __global__ void __launch_bounds__(kThreads, 1024 / kThreads)  // 64 registers
   constexpr bool kPacked = std::is_same<Sink, PackCandidatesArgs>::value;
   extern __shared__ __align__(16) uint32_t dynamic_smem[];
   __shared__ SharedState s;
+  // Clears the histograms and counters (a window of more than k columns counts in them).
+  // Resident CTAs clear them before the wait for the previous kernel, as no global memory is
+  // read, so that this overlaps that kernel's tail (streamed kernels spilled with it, so
+  // they clear after); the block barrier after the bitmaps' clearing orders it before the
+  // counts.
+  auto clear_counters = [&]() {
+    for (int i = threadIdx.x; i < 2 * kBins; i += kThreads) (&s.hist[0][0])[i] = 0;
+    if (threadIdx.x == 0) s.candidates = 0, s.bin_lo = ~0u, s.bin_hi = 0;
+  };
+  if (kResident) clear_counters();
   await_previous_kernel();
 
   const int64_t row = blockIdx.x / cluster;
@@ -974,12 +984,11 @@ __global__ void __launch_bounds__(kThreads, 1024 / kThreads)  // 64 registers
   uint32_t floor_key = 0;  // streamed: the capture floor (count_and_capture)
 
   if (w.count > k) {
-    for (int i = threadIdx.x; i < 2 * kBins; i += kThreads) (&s.hist[0][0])[i] = 0;
+    if (!kResident) clear_counters();
     for (int64_t i = threadIdx.x; i < words; i += kThreads) {
       m.tie[i] = 0;  // marked from the list
       if (!kResident) m.sel[i] = 0;  // marked from the captured list (else by a walk)
     }
-    if (threadIdx.x == 0) s.candidates = 0, s.bin_lo = ~0u, s.bin_hi = 0;
     __syncthreads();
     if constexpr (kResident) {
       load_and_count<Bits>(slice.src, slice.n, keys, s.hist[0]);
