@@ -366,7 +366,7 @@ __device__ __forceinline__ void find_digit(SharedState& s, uint32_t* hist, uint3
     const uint32_t* gr = cluster > 1 ? cg::this_cluster().map_shared_rank(groups, r) : groups;
     if (g >= 0) group_sum += gr[g];
   }
-  const uint32_t incl = warp_inclusive_sum(group_sum);
+  const uint32_t incl = warp_inclusive_sum_u32(group_sum);
   const int first = __ffs(__ballot_sync(0xffffffffu, incl >= remaining)) - 1;
   const uint32_t above_group = __shfl_sync(0xffffffffu, incl - group_sum, first);
   const int top = (group_count - 1 - first) * kGroupBins + kGroupBins;  // past the group
@@ -380,7 +380,7 @@ __device__ __forceinline__ void find_digit(SharedState& s, uint32_t* hist, uint3
   }
   const uint32_t need = remaining - above_group;
   const uint32_t pair = c[0] + c[1];
-  const uint32_t pair_incl = warp_inclusive_sum(pair);
+  const uint32_t pair_incl = warp_inclusive_sum_u32(pair);
   const int at = __ffs(__ballot_sync(0xffffffffu, pair_incl >= need)) - 1;
   if (lane == at) {
     const uint32_t before = above_group + pair_incl - pair;
