@@ -205,8 +205,10 @@ static_assert(kStreamedPerSm * (dynamic_smem_bytes(kPlanLongSlice, false) +
 
 /*!
  * \brief Exclusive block-wide prefix sums of (a, b) in thread order, and their totals.
- *        Every thread calls it; it ends with a barrier, so the scratch can be reused.
+ *        Every thread calls it. kEndBarrier: it ends with a barrier, so the scratch can be
+ *        reused at once; without, the caller passes another barrier before the next scan.
  */
+template <bool kEndBarrier = true>
 __device__ __forceinline__ void block_scan2(SharedState& s, uint32_t a, uint32_t b,
                                             uint32_t& a_before, uint32_t& b_before,
                                             uint32_t& a_total, uint32_t& b_total) {
@@ -225,7 +227,7 @@ __device__ __forceinline__ void block_scan2(SharedState& s, uint32_t a, uint32_t
   b_before = wb + ib - b;
   a_total = ta;
   b_total = tb;
-  __syncthreads();
+  if (kEndBarrier) __syncthreads();
 }
 
 //! Waits until every CTA of the cluster has arrived (a plain block barrier without one).
@@ -1131,7 +1133,9 @@ __global__ void __launch_bounds__(kThreads, 1024 / kThreads)  // 64 registers
     word_run((s1 - s0 + 31) / 32, w0, w1);
     uint32_t gt = 0, eq = 0;
     for (uint32_t i = w0; i < w1; ++i) gt += __popc(m.sel[i]), eq += __popc(m.tie[i]);
-    block_scan2(s, gt, eq, gt_before, eq_before, gt_total, eq_total);
+    // No end barrier: the next scan follows the next segment's marks, the staging or a
+    // chunk's staging, each behind a barrier (the exchange's own one, with a cluster).
+    block_scan2<false>(s, gt, eq, gt_before, eq_before, gt_total, eq_total);
   };
   // Calls visit(position, id) for each selected column of the words [w0, w1) of the
   // segment starting at column s0, in column order: position = the number of selected
