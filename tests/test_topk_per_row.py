@@ -521,6 +521,46 @@ def test_streamed_single_key_bin(plan):
                 run_both(torch.device("cuda"), x.to(dtype), k, lengths=lengths)
 
 
+def resident_rows(L, seed):
+    """Rows for each path of the resident candidate walk (collect_resident_candidates in
+    topk_per_row.cu): randn (the list ends the selection in pass 1), 16 values (a bin past
+    the list: the slice is walked), a cluster of 1500 keys one above another in the low 10
+    bits beside randn (for k = 500: the list serves passes 1 and 2), and special values."""
+    g = torch.Generator().manual_seed(seed)
+    cluster = torch.randn(L, generator=g)
+    at = torch.randperm(L, generator=g)[:1500]
+    bits = torch.tensor(3.0).view(I32) + torch.randint(0, 1024, (1500,), generator=g, dtype=I32)
+    cluster[at] = bits.view(torch.float32)
+    special = torch.randn(L, generator=g)
+    at = torch.randint(0, L, (64,), generator=g)
+    special[at[:16]] = math.nan
+    special[at[16:32]] = -math.nan
+    special[at[32:48]] = math.inf
+    special[at[48:]] = -math.inf
+    return torch.stack([torch.randn(L, generator=g),
+                        torch.randint(0, 16, (L,), generator=g).float(), cluster, special])
+
+
+@pytest.mark.cuda
+# One CTA of up to 45056 keys (several 32-key flushes a thread, a last partial batch), and
+# clusters of 2 and 8; unaligned lengths leave a checked batch.
+@pytest.mark.parametrize("L, plan", [(45056, 1), (44979, 1), (32768, 2), (16389, 2),
+                                     (32768, 8), (4099, 8)])
+def test_resident_collect_paths(L, plan):
+    x = resident_rows(L, L + plan)
+    starts = torch.arange(4, dtype=I32) * 5 + 1
+    with forced_topk_plan(plan):
+        for dtype in (torch.float32, torch.bfloat16):
+            for k in (1, 500, 2048, 4096):
+                run_both(torch.device("cuda"), x.to(dtype), k)
+                run_both(torch.device("cuda"), x.to(dtype), k, row_starts=starts,
+                         row_ends=torch.full((4,), L, dtype=I32) - starts)
+        table = torch.arange(4 * (L // 64 + 1), dtype=I32).reshape(4, -1) * 3
+        slots_both(torch.device("cuda"), x, 500, torch.arange(4, dtype=I32), table, 64,
+                   compact=True)
+        candidates_both(torch.device("cuda"), x, 500, 1, 4, 2)
+
+
 @pytest.mark.cuda
 def test_streamed_capture_multi_segment_bf16():
     # Slices past the bitmaps (kSegmentColumns) mark their segments from the captured list

@@ -133,6 +133,29 @@ __device__ __forceinline__ void shared_increment(uint32_t address) {
   asm volatile("red.shared.add.u32 [%0], 1;" ::"r"(address) : "memory");
 }
 
+//! Returns the 32-bit word at shared-memory address `address` (as shared_increment) and adds
+//! `v` to it: one atomic of the calling lane (atomicAdd from one lane of a warp is compiled
+//! to a warp-aggregated sequence, a dozen instructions).
+__device__ __forceinline__ uint32_t shared_fetch_add(uint32_t address, uint32_t v) {
+  uint32_t old;
+  asm volatile("atom.shared.add.u32 %0, [%1], %2;" : "=r"(old) : "r"(address), "r"(v) : "memory");
+  return old;
+}
+
+//! warp_inclusive_sum of 32-bit values, each step a shuffle and an add predicated on the
+//! shuffle's own in-range flag (two instructions a step; the generic one takes four).
+__device__ __forceinline__ uint32_t warp_inclusive_sum_u32(uint32_t x) {
+#pragma unroll
+  for (int d = 1; d < 32; d *= 2) {
+    asm("{\n\t.reg .u32 t;\n\t.reg .pred p;\n\t"
+        "shfl.sync.up.b32 t|p, %0, %1, 0, -1;\n\t"
+        "@p add.u32 %0, %0, t;\n\t}"
+        : "+r"(x)
+        : "r"(d));
+  }
+  return x;
+}
+
 //! The shared-window address of `p`; kPinned: made opaque, so it stays in a register. At
 //! the 64-register bound the compiler otherwise rebuilds it before every use (S2UR of the
 //! CTA's cluster id, then ULEA: in a counting loop, a dependent pair per increment).
@@ -196,8 +219,10 @@ static_assert(kStreamedPerSm * (dynamic_smem_bytes(kPlanLongSlice, false) +
 
 /*!
  * \brief Exclusive block-wide prefix sums of (a, b) in thread order, and their totals.
- *        Every thread calls it; it ends with a barrier, so the scratch can be reused.
+ *        Every thread calls it. kEndBarrier: it ends with a barrier, so the scratch can be
+ *        reused at once; without, the caller passes another barrier before the next scan.
  */
+template <bool kEndBarrier = true>
 __device__ __forceinline__ void block_scan2(SharedState& s, uint32_t a, uint32_t b,
                                             uint32_t& a_before, uint32_t& b_before,
                                             uint32_t& a_total, uint32_t& b_total) {
@@ -216,7 +241,7 @@ __device__ __forceinline__ void block_scan2(SharedState& s, uint32_t a, uint32_t
   b_before = wb + ib - b;
   a_total = ta;
   b_total = tb;
-  __syncthreads();
+  if (kEndBarrier) __syncthreads();
 }
 
 //! Waits until every CTA of the cluster has arrived (a plain block barrier without one).
@@ -357,7 +382,7 @@ __device__ __forceinline__ void find_digit(SharedState& s, uint32_t* hist, uint3
     const uint32_t* gr = cluster > 1 ? cg::this_cluster().map_shared_rank(groups, r) : groups;
     if (g >= 0) group_sum += gr[g];
   }
-  const uint32_t incl = warp_inclusive_sum(group_sum);
+  const uint32_t incl = warp_inclusive_sum_u32(group_sum);
   const int first = __ffs(__ballot_sync(0xffffffffu, incl >= remaining)) - 1;
   const uint32_t above_group = __shfl_sync(0xffffffffu, incl - group_sum, first);
   const int top = (group_count - 1 - first) * kGroupBins + kGroupBins;  // past the group
@@ -371,7 +396,7 @@ __device__ __forceinline__ void find_digit(SharedState& s, uint32_t* hist, uint3
   }
   const uint32_t need = remaining - above_group;
   const uint32_t pair = c[0] + c[1];
-  const uint32_t pair_incl = warp_inclusive_sum(pair);
+  const uint32_t pair_incl = warp_inclusive_sum_u32(pair);
   const int at = __ffs(__ballot_sync(0xffffffffu, pair_incl >= need)) - 1;
   if (lane == at) {
     const uint32_t before = above_group + pair_incl - pair;
@@ -726,6 +751,95 @@ __device__ __forceinline__ void collect_candidates(SharedState& s, const Slice& 
 }
 
 /*!
+ * \brief collect_candidates for a resident slice (`n` keys at `keys` in shared memory, one
+ *        segment): the same `sel` words and candidates in fewer instructions per key (the
+ *        walk over shared memory is bound by what it issues, not by its reads). A key is
+ *        compared with the bin's least and greatest key (no digit extracted); lane 0 stores
+ *        a batch's eight `sel` words (two 16-byte stores, no select per key); a thread notes
+ *        its threshold-bin keys as bits of a mask, and after every 32 of its keys the warp
+ *        appends them with one scan and one atomic, each lane reading its few keys back from
+ *        shared memory. The list's order is not collect_candidates' (lane by lane, not word
+ *        by word); nothing depends on it: the list is only counted and marked from. The
+ *        appended keys are counted into `next_hist`, pass 1's histogram, as they are written
+ *        (the pass then has no walk over the list). Every thread calls it; the block barrier
+ *        of pass 1 publishes the list and the counts.
+ */
+__device__ __forceinline__ void collect_resident_candidates(SharedState& s, const uint32_t* keys,
+                                                            uint32_t n, const Marks& m,
+                                                            uint32_t digit, uint32_t* next_hist) {
+  constexpr uint32_t kStep = kThreads * kWalkWords;
+  constexpr int kFlushBatches = 32 / kWalkWords;  // a 32-bit mask of a thread's keys
+  static_assert(kWalkWords == 8, "a batch is two 16-byte stores of sel words");
+  const int lane = threadIdx.x % 32;
+  const uint32_t bin_floor = digit << 21, bin_ceiling = bin_floor | ((1u << 21) - 1);
+  // A batch at `base` (the warp's columns base + 32 u + lane): stores its sel words and
+  // returns this lane's threshold-bin keys as bits u.
+  auto batch = [&](uint32_t base, auto checked) {
+    constexpr bool kChecked = decltype(checked)::value;
+    uint32_t key[kWalkWords], word[kWalkWords], bits = 0;
+#pragma unroll
+    for (int u = 0; u < kWalkWords; ++u) {
+      const uint32_t j = base + 32 * u + lane;
+      key[u] = !kChecked || j < n ? keys[j] : 0u;
+    }
+#pragma unroll
+    for (int u = 0; u < kWalkWords; ++u) {
+      const bool valid = !kChecked || base + 32 * u + lane < n;
+      const bool above = key[u] > bin_ceiling;
+      word[u] = __ballot_sync(0xffffffffu, valid && above);
+      if (valid && !above && key[u] >= bin_floor) bits |= 1u << u;
+    }
+    uint32_t* const sel = m.sel + base / 32;  // 32-byte aligned: base is a multiple of 256
+    if (!kChecked) {
+      if (lane == 0) {
+        reinterpret_cast<uint4*>(sel)[0] = make_uint4(word[0], word[1], word[2], word[3]);
+        reinterpret_cast<uint4*>(sel)[1] = make_uint4(word[4], word[5], word[6], word[7]);
+      }
+    } else {
+#pragma unroll
+      for (int u = 0; u < kWalkWords; ++u) {
+        if (lane == 0 && base + 32 * u < n) sel[u] = word[u];
+      }
+    }
+    return bits;
+  };
+  const uint32_t next_hist_address = shared_address(next_hist);
+  // Appends the keys of `mask` (bit 8 b + u: word u of the b-th batch from `first`), with
+  // their columns, and counts their pass-1 digits. The whole warp calls it.
+  auto flush = [&](uint32_t first, uint32_t mask) {
+    const uint32_t mine = __popc(mask);
+    const uint32_t incl = warp_inclusive_sum_u32(mine);
+    uint32_t at = 0;
+    if (lane == 31) at = shared_fetch_add(shared_address(&s.candidates), incl);
+    at = __shfl_sync(0xffffffffu, at, 31) + incl - mine;
+    // No bound on `at`: the histogram counted these very keys (from shared memory, which
+    // nothing else writes), and the caller collects only a bin that fits the list.
+    const uint32_t column = first + lane;
+    while (mask != 0) {  // most lanes hold none or one
+      const uint32_t p = 31u - __clz(mask);
+      mask ^= 1u << p;
+      const uint32_t j = column + (p / kWalkWords) * kStep + (p % kWalkWords) * 32;
+      const uint32_t key = keys[j];
+      m.cand[at++] = make_uint2(key, j);
+      shared_increment(next_hist_address + ((key >> pass_shift(1)) & (pass_bins(1) - 1)) * 4u);
+    }
+  };
+  uint32_t first = (threadIdx.x - lane) * kWalkWords;  // the warp's first batch of the flush
+  while (first < n) {  // warp-uniform
+    uint32_t mask = 0;
+#pragma unroll 1
+    for (int b = 0; b < kFlushBatches && first + b * kStep < n; ++b) {
+      const uint32_t base = first + b * kStep;
+      const uint32_t bits = base + 32 * kWalkWords <= n ? batch(base, std::false_type{})
+                                                          : batch(base, std::true_type{});
+      mask |= bits << (kWalkWords * b);
+    }
+    flush(first, mask);
+    first += kFlushBatches * kStep;
+  }
+}
+
+/*!
  * \brief Marks the columns [s0, s1) of the slice in the bitmaps by their keys (bit j - s0):
  *        high_bits(key, shift) above `threshold` in `sel`, equal in `tie`. With shift 32
  *        every column is equal (the keys are not read). kWalkWords words per warp
@@ -839,6 +953,16 @@ __global__ void __launch_bounds__(kThreads, 1024 / kThreads)  // 64 registers
   constexpr bool kPacked = std::is_same<Sink, PackCandidatesArgs>::value;
   extern __shared__ __align__(16) uint32_t dynamic_smem[];
   __shared__ SharedState s;
+  // Clears the histograms and counters (a window of more than k columns counts in them).
+  // Resident CTAs clear them before the wait for the previous kernel, as no global memory is
+  // read, so that this overlaps that kernel's tail (streamed kernels spilled with it, so
+  // they clear after); the block barrier after the bitmaps' clearing orders it before the
+  // counts.
+  auto clear_counters = [&]() {
+    for (int i = threadIdx.x; i < 2 * kBins; i += kThreads) (&s.hist[0][0])[i] = 0;
+    if (threadIdx.x == 0) s.candidates = 0, s.bin_lo = ~0u, s.bin_hi = 0;
+  };
+  if (kResident) clear_counters();
   await_previous_kernel();
 
   const int64_t row = blockIdx.x / cluster;
@@ -876,12 +1000,11 @@ __global__ void __launch_bounds__(kThreads, 1024 / kThreads)  // 64 registers
   uint32_t floor_key = 0;  // streamed: the capture floor (count_and_capture)
 
   if (w.count > k) {
-    for (int i = threadIdx.x; i < 2 * kBins; i += kThreads) (&s.hist[0][0])[i] = 0;
+    if (!kResident) clear_counters();
     for (int64_t i = threadIdx.x; i < words; i += kThreads) {
       m.tie[i] = 0;  // marked from the list
       if (!kResident) m.sel[i] = 0;  // marked from the captured list (else by a walk)
     }
-    if (threadIdx.x == 0) s.candidates = 0, s.bin_lo = ~0u, s.bin_hi = 0;
     __syncthreads();
     if constexpr (kResident) {
       load_and_count<Bits>(slice.src, slice.n, keys, s.hist[0]);
@@ -910,7 +1033,10 @@ __global__ void __launch_bounds__(kThreads, 1024 / kThreads)  // 64 registers
           }
         };
         if (listed) {
-          for (uint32_t c = threadIdx.x; c < listed_count; c += kThreads) count(m.cand[c].x);
+          // Resident CTAs counted pass 1 while collecting the list.
+          if (!kResident || pass == 2) {
+            for (uint32_t c = threadIdx.x; c < listed_count; c += kThreads) count(m.cand[c].x);
+          }
         } else {
           slice.for_each_key(count);
         }
@@ -962,16 +1088,22 @@ __global__ void __launch_bounds__(kThreads, 1024 / kThreads)  // 64 registers
         break;
       }
       if (pass == 0 && !listed) {
-        listed = s.hist[0][s.digit] <= kList;  // this CTA's keys in the bin
+        const uint32_t in_bin = s.hist[0][s.digit];  // this CTA's keys in the bin
+        listed = in_bin <= kList;
         if (listed) {
-          if (!kResident) {  // the capture missed (see above): the list is refilled by a walk
+          if constexpr (kResident) {
+            // The list is exactly the bin's keys (the histogram counted them from shared
+            // memory), so its length needs no barrier.
+            collect_resident_candidates(s, keys, slice.n, m, s.digit, s.hist[1]);
+            listed_count = in_bin;
+          } else {  // the capture missed (see above): the list is refilled by a walk
             __syncthreads();  // every thread has read s.candidates
             if (threadIdx.x == 0) s.candidates = 0;
             __syncthreads();
+            collect_candidates(s, slice, m, s.digit, one_segment);
+            __syncthreads();
+            listed_count = s.candidates < kList ? s.candidates : kList;
           }
-          collect_candidates(s, slice, m, s.digit, one_segment);
-          __syncthreads();
-          listed_count = s.candidates < kList ? s.candidates : kList;
         }
       }
     }
@@ -1015,7 +1147,9 @@ __global__ void __launch_bounds__(kThreads, 1024 / kThreads)  // 64 registers
     word_run((s1 - s0 + 31) / 32, w0, w1);
     uint32_t gt = 0, eq = 0;
     for (uint32_t i = w0; i < w1; ++i) gt += __popc(m.sel[i]), eq += __popc(m.tie[i]);
-    block_scan2(s, gt, eq, gt_before, eq_before, gt_total, eq_total);
+    // No end barrier: the next scan follows the next segment's marks, the staging or a
+    // chunk's staging, each behind a barrier (the exchange's own one, with a cluster).
+    block_scan2<false>(s, gt, eq, gt_before, eq_before, gt_total, eq_total);
   };
   // Calls visit(position, id) for each selected column of the words [w0, w1) of the
   // segment starting at column s0, in column order: position = the number of selected
