@@ -39,16 +39,20 @@ for plan in (-1, 1, 2, 3, 8, 101, 102, 108):
     bad += not torch.equal(a.cpu(), b)
     c = dsa_ext.topk_to_candidates(x.cuda(), 2048, 1, 4).cpu()
     bad += not torch.equal(c, dsa_ext.topk_to_candidates(x, 2048, 1, 4))
-# The short-row kernel's sinks (default plan): slots compacted with counts, candidates.
+# The short-row kernel's sinks (default plan): slots compacted with counts (a block size
+# of 12, and of 64, whose tables with and without holes take both tile paths), candidates.
 _C.set_topk_plan_override(-1)
 for x in (cases[4], cases[5]):
-    table = torch.randint(-1, 1 << 16, (6, x.shape[1] // 12 + 1), generator=g, dtype=torch.int32)
     req = torch.tensor([0, 5, -1, 2, 3][:x.shape[0]], dtype=torch.int32)
+    for bs, low in ((12, -1), (64, -1), (64, 0)):
+        table = torch.randint(low, 1 << 16, (6, x.shape[1] // bs + 1), generator=g,
+                              dtype=torch.int32)
+        for k in (7, 2048):
+            a = dsa_ext.topk_to_slots(x.cuda(), k, req.cuda(), table.cuda(), bs, compact=True,
+                                      return_valid_counts=True)
+            b = dsa_ext.topk_to_slots(x, k, req, table, bs, compact=True, return_valid_counts=True)
+            bad += not (torch.equal(a[0].cpu(), b[0]) and torch.equal(a[1].cpu(), b[1]))
     for k in (7, 2048):
-        a = dsa_ext.topk_to_slots(x.cuda(), k, req.cuda(), table.cuda(), 12, compact=True,
-                                  return_valid_counts=True)
-        b = dsa_ext.topk_to_slots(x, k, req, table, 12, compact=True, return_valid_counts=True)
-        bad += not (torch.equal(a[0].cpu(), b[0]) and torch.equal(a[1].cpu(), b[1]))
         c = dsa_ext.topk_to_candidates(x.cuda(), k, 1, 4).cpu()
         bad += not torch.equal(c, dsa_ext.topk_to_candidates(x, k, 1, 4))
 # More ids per CTA than the conversion's stage (several chunks), one and several bitmap
