@@ -368,6 +368,24 @@ def test_short_row_kernel_equals_the_cpu(L):
                                  dtype=dtype, lengths=bool(kw), plan=1)
 
 
+def short_rows(rows, L, tied, seed):
+    """Rows for the short-row kernel's sinks: randn, the first `tied` of 4 values, and
+    lengths past both ends of the row. Returns the generator for the tables too."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, L, generator=g)
+    x[:tied] = torch.randint(0, 4, (tied, L), generator=g).float()
+    lengths = torch.randint(-2, L + 3, (rows,), generator=g, dtype=I32)
+    return g, x, lengths
+
+
+def slots_in_place(x, k, req_id, table, block_size, kw, **ctx):
+    """topk_to_slots on CUDA with no compaction and no valid counts, against the reference."""
+    want, _ = reference.topk_to_slots(x, k, req_id, table, block_size, **kw)
+    got = dsa_ext.topk_to_slots(x.cuda(), k, req_id.cuda(), table.cuda(), block_size,
+                                **{n: v.cuda() for n, v in kw.items()})
+    assert_equal(got, want, k=k, counts=False, **ctx)
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("L", [100, 2048, 4097, 8192])
 def test_short_row_kernel_sinks_equal_the_cpu(L):
@@ -377,11 +395,8 @@ def test_short_row_kernel_sinks_equal_the_cpu(L):
     and the forced cluster plan."""
     assert dsa_ext._C.topk_per_row_plan(200, L, 0)[3] == 1
     cuda = torch.device("cuda")
-    g = torch.Generator().manual_seed(L + 1)
     rows = 200
-    x = torch.randn(rows, L, generator=g)
-    x[:50] = torch.randint(0, 4, (50, L), generator=g).float()
-    lengths = torch.randint(-2, L + 3, (rows,), generator=g, dtype=I32)
+    g, x, lengths = short_rows(rows, L, 50, L + 1)
     # Block size 12 (not a power of two); the table covers 3/4 of the row: blocks past it.
     table = torch.randint(0, 1 << 16, (5, (3 * L) // 48 + 1), generator=g, dtype=I32)
     table[torch.rand(table.shape, generator=g) < 0.15] = -1
@@ -393,10 +408,7 @@ def test_short_row_kernel_sinks_equal_the_cpu(L):
                 for kw in ({}, {"lengths": lengths}):
                     for xs, compact in ((x, False), (x, True), (x.to(torch.bfloat16), True)):
                         slots_both(cuda, xs, k, req, table, 12, compact=compact, **kw)
-                    want, _ = reference.topk_to_slots(x, k, req, table, 12, **kw)
-                    got = dsa_ext.topk_to_slots(x.cuda(), k, req.cuda(), table.cuda(), 12,
-                                                **{n: v.cuda() for n, v in kw.items()})
-                    assert_equal(got, want, k=k, L=L, plan=plan, counts=False)
+                    slots_in_place(x, k, req, table, 12, kw, L=L, plan=plan)
                 candidates_both(cuda, x, k, 1, 4, 2)
                 candidates_both(cuda, x, k, 3, 4, 1, row_starts=starts, row_ends=lengths)
 
@@ -409,11 +421,8 @@ def test_short_row_slots_power_of_two_blocks(L):
     of the conversion or several (k past 2048), windows shorter than k, slots past 2^31."""
     assert dsa_ext._C.topk_per_row_plan(96, L, 0)[3] == 1
     cuda = torch.device("cuda")
-    g = torch.Generator().manual_seed(L + 2)
     rows = 96
-    x = torch.randn(rows, L, generator=g)
-    x[:16] = torch.randint(0, 4, (16, L), generator=g).float()
-    lengths = torch.randint(-2, L + 3, (rows,), generator=g, dtype=I32)
+    g, x, lengths = short_rows(rows, L, 16, L + 2)
     # Requests 0 and 1 cover the row (1 with one entry whose slot is past 2^31 at stride
     # 3 * 64), 2 has every third block invalid, 3 only the first half; 4 and -1 none.
     table = torch.randint(0, 1 << 16, (4, L // 64 + 1), generator=g, dtype=I32)
@@ -428,10 +437,7 @@ def test_short_row_slots_power_of_two_blocks(L):
                 for stride in (64, 3 * 64):
                     slots_both(cuda, x, k, req, table, 64, compact=compact, block_stride=stride,
                                **kw)
-            want, _ = reference.topk_to_slots(x, k, req, table, 64, **kw)
-            got = dsa_ext.topk_to_slots(x.cuda(), k, req.cuda(), table.cuda(), 64,
-                                        **{n: v.cuda() for n, v in kw.items()})
-            assert_equal(got, want, k=k, L=L, counts=False)
+            slots_in_place(x, k, req, table, 64, kw, L=L)
 
 
 PLANS = [1, 2, 3, 5, 6, 8, 16, 101, 104, 108]
@@ -459,6 +465,17 @@ def test_long_rows_on_cuda_equal_the_cpu(L, plan):
             assert_equal(got, dsa_ext.topk_per_row(x, k, sorted=sorted_), L=L, k=k)
 
 
+def special_row(L, g):
+    """randn with 16 each of +NaN, -NaN, +inf and -inf at random columns."""
+    special = torch.randn(L, generator=g)
+    at = torch.randint(0, L, (64,), generator=g)
+    special[at[:16]] = math.nan
+    special[at[16:32]] = -math.nan
+    special[at[32:48]] = math.inf
+    special[at[48:]] = -math.inf
+    return special
+
+
 def capture_rows(L, dtype, seed):
     """Rows for each path of the streamed capture (capture_floor in topk_per_row.cu): the
     floor at or below the threshold digit (randn, 16 values, uniform), the list overflowing
@@ -469,12 +486,7 @@ def capture_rows(L, dtype, seed):
             torch.rand(L, generator=g), torch.sort(torch.randn(L, generator=g)).values,
             torch.sort(torch.randn(L, generator=g), descending=True).values,
             torch.full((L,), 0.5), torch.linspace(0, 8, L) + torch.randn(L, generator=g)]
-    special = torch.randn(L, generator=g)
-    at = torch.randint(0, L, (64,), generator=g)
-    special[at[:16]] = math.nan
-    special[at[16:32]] = -math.nan
-    special[at[32:48]] = math.inf
-    special[at[48:]] = -math.inf
+    special = special_row(L, g)
     rows.append(special)
     return torch.stack(rows).to(dtype)
 
@@ -531,12 +543,7 @@ def resident_rows(L, seed):
     at = torch.randperm(L, generator=g)[:1500]
     bits = torch.tensor(3.0).view(I32) + torch.randint(0, 1024, (1500,), generator=g, dtype=I32)
     cluster[at] = bits.view(torch.float32)
-    special = torch.randn(L, generator=g)
-    at = torch.randint(0, L, (64,), generator=g)
-    special[at[:16]] = math.nan
-    special[at[16:32]] = -math.nan
-    special[at[32:48]] = math.inf
-    special[at[48:]] = -math.inf
+    special = special_row(L, g)
     return torch.stack([torch.randn(L, generator=g),
                         torch.randint(0, 16, (L,), generator=g).float(), cluster, special])
 
