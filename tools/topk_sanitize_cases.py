@@ -39,6 +39,15 @@ for plan in (-1, 1, 2, 3, 8, 101, 102, 108):
     bad += not torch.equal(a.cpu(), b)
     c = dsa_ext.topk_to_candidates(x.cuda(), 2048, 1, 4).cpu()
     bad += not torch.equal(c, dsa_ext.topk_to_candidates(x, 2048, 1, 4))
+# The 128K-column rows in bf16 (the capture's 64-bit mask) and with unaligned windows (a
+# head captured whole), one CTA per row.
+_C.set_topk_plan_override(101)
+z = cases[-1]
+ends = torch.full((2,), z.shape[1], dtype=torch.int32)
+for zs in (z, z.bfloat16()):
+    for kw in ({}, {"row_starts": torch.tensor([1, 3], dtype=torch.int32), "row_ends": ends}):
+        got = dsa_ext.topk_per_row(zs.cuda(), 2048, **{n: v.cuda() for n, v in kw.items()})
+        bad += not torch.equal(got.cpu(), dsa_ext.topk_per_row(zs, 2048, **kw))
 # The short-row kernel's sinks (default plan): slots compacted with counts (a block size
 # of 12, and of 64, whose tables with and without holes take both tile paths), candidates.
 _C.set_topk_plan_override(-1)

@@ -147,11 +147,12 @@ __device__ __forceinline__ uint32_t shared_fetch_add(uint32_t address, uint32_t 
 __device__ __forceinline__ uint32_t warp_inclusive_sum_u32(uint32_t x) {
 #pragma unroll
   for (int d = 1; d < 32; d *= 2) {
-    asm("{\n\t.reg .u32 t;\n\t.reg .pred p;\n\t"
-        "shfl.sync.up.b32 t|p, %0, %1, 0, -1;\n\t"
-        "@p add.u32 %0, %0, t;\n\t}"
-        : "+r"(x)
-        : "r"(d));
+    // volatile: a shuffle must stay where every lane of the warp runs it.
+    asm volatile("{\n\t.reg .u32 t;\n\t.reg .pred p;\n\t"
+                 "shfl.sync.up.b32 t|p, %0, %1, 0, -1;\n\t"
+                 "@p add.u32 %0, %0, t;\n\t}"
+                 : "+r"(x)
+                 : "r"(d));
   }
   return x;
 }
@@ -496,7 +497,9 @@ __device__ __forceinline__ uint32_t capture_floor(SharedState& s, uint32_t* hist
  *        floor becomes the higher of the second digit after that of the key fit + 1 and
  *        (where it lies in B) that of the r-th key (capture_floor). A bin of ties or of a
  *        narrow range (16 distinct values, uniform [0, 1)) then fits the list in part.
- *        Returns the floor as a key: floor_key << 21 of capture_floor's digit, or finer.
+ *        Returns the floor as a key: capture_floor's digit << 21, or finer (above it only
+ *        where the fill bin is the top one, 2047, whose keys are NaNs: the kernel's check
+ *        after the first pass still decides whether the list is used).
  *        Every thread calls it with its keys of the first batch (`take(visit)` calls
  *        visit(key) for each of them).
  */
@@ -1421,6 +1424,8 @@ __global__ void __launch_bounds__(kBlock, kShortBlockThreads / kBlock)  // 64 re
   // (convert_row), which thread 0 reads when the row starts so that its load overlaps the
   // selection. Raw storage: a __shared__ variable cannot run ConvertRow's initializers.
   __shared__ int32_t staged[kSlots ? kBlock * kItems : 1];
+  static_assert(std::is_trivially_copyable<ConvertRow>::value,
+                "a ConvertRow is assigned into raw shared storage");
   __shared__ __align__(alignof(ConvertRow)) unsigned char request_storage[sizeof(ConvertRow)];
   ConvertRow& request = *reinterpret_cast<ConvertRow*>(request_storage);
   await_previous_kernel();
