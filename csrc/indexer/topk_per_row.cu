@@ -142,21 +142,6 @@ __device__ __forceinline__ uint32_t shared_fetch_add(uint32_t address, uint32_t 
   return old;
 }
 
-//! warp_inclusive_sum of 32-bit values, each step a shuffle and an add predicated on the
-//! shuffle's own in-range flag (two instructions a step; the generic one takes four).
-__device__ __forceinline__ uint32_t warp_inclusive_sum_u32(uint32_t x) {
-#pragma unroll
-  for (int d = 1; d < 32; d *= 2) {
-    // volatile: a shuffle must stay where every lane of the warp runs it.
-    asm volatile("{\n\t.reg .u32 t;\n\t.reg .pred p;\n\t"
-                 "shfl.sync.up.b32 t|p, %0, %1, 0, -1;\n\t"
-                 "@p add.u32 %0, %0, t;\n\t}"
-                 : "+r"(x)
-                 : "r"(d));
-  }
-  return x;
-}
-
 //! The shared-window address of `p`; kPinned: made opaque, so it stays in a register. At
 //! the 64-register bound the compiler otherwise rebuilds it before every use (S2UR of the
 //! CTA's cluster id, then ULEA: in a counting loop, a dependent pair per increment).
@@ -176,6 +161,12 @@ __device__ __forceinline__ uint32_t first_digit_bin(uint32_t hist_address, uint3
       : "=r"(address)
       : "r"(key), "r"(hist_address));
   return address;
+}
+
+//! The shared address of the second-digit (pass 1) bin of `key` in the histogram at
+//! `hist_address`.
+__device__ __forceinline__ uint32_t second_digit_bin(uint32_t hist_address, uint32_t key) {
+  return hist_address + ((key >> pass_shift(1)) & (pass_bins(1) - 1)) * 4u;
 }
 
 //! 32-bit words of one bitmap for a slice of `columns` columns.
@@ -511,7 +502,7 @@ __device__ __forceinline__ uint32_t refine_capture_floor(SharedState& s, uint32_
   uint32_t* const hist = s.hist[1];
   const uint32_t hist_address = shared_address(hist);
   take([&](uint32_t key) {
-    if ((key >> 21) == refine.bin) shared_increment(hist_address + ((key >> 10) & (kBins - 1)) * 4u);
+    if ((key >> pass_shift(0)) == refine.bin) shared_increment(second_digit_bin(hist_address, key));
   });
   __syncthreads();
   sum_groups(hist, kBins, s.groups[1]);
@@ -824,7 +815,7 @@ __device__ __forceinline__ void collect_resident_candidates(SharedState& s, cons
       const uint32_t j = column + (p / kWalkWords) * kStep + (p % kWalkWords) * 32;
       const uint32_t key = keys[j];
       m.cand[at++] = make_uint2(key, j);
-      shared_increment(next_hist_address + ((key >> pass_shift(1)) & (pass_bins(1) - 1)) * 4u);
+      shared_increment(second_digit_bin(next_hist_address, key));
     }
   };
   uint32_t first = (threadIdx.x - lane) * kWalkWords;  // the warp's first batch of the flush
