@@ -24,14 +24,15 @@ distributed shared memory):
    holding the ``need``-th largest key. Result: a masked prefix P (mask M) such that the
    top ``sel_eff`` keys are all keys with ``key & M > P`` plus ``need`` of the ``bucket``
    keys with ``key & M == P``. The default order runs until the bin is taken whole
-   (``bucket == need``) or holds copies of one key (then P is that key, and the copies at
-   the lowest positions are taken): once the bin is small (``TRACK_BELOW``) or after a
-   pass that did not split it, the next pass also folds the keys it counts (that bin)
-   into an AND and an OR beside its histogram, which are equal exactly when the bin
-   holds copies of one key - so a duplicated candidate at the threshold stops the row
-   there instead of after all 8 passes. A sorting variant
-   stops once the candidate set ``{key & M >= P}`` fits its sort
-   (``sel_eff - need + bucket <= S``).
+   (``bucket == need``), a sorting variant until the candidate set ``{key & M >= P}``
+   fits its sort (``sel_eff - need + bucket <= S``); both stop early when the bin holds
+   copies of one key (then P is that key, and ``need`` of its copies are taken: the
+   default order those at the lowest positions). Once the bin is small
+   (``TRACK_BELOW``) or after a pass that did not split it, the next pass also folds the
+   keys it counts (that bin) into an AND and an OR beside its histogram, which are equal
+   exactly when the bin holds copies of one key - so a duplicated candidate at the
+   threshold stops the row there instead of after all 8 passes (a sort of exactly
+   ``sel_eff`` keys has no room for the extra copies).
 3. Default order (:func:`_write_in_position_order`): one ordered stream compaction of the
    row. Per key, two ballots (above the threshold; a copy of it) give each warp's counts;
    one warp scans the counts of the block in position order (register index, then warp)
@@ -470,9 +471,9 @@ def _radix_select(cand: cute.Tensor, regs, row: Int32, tidx: Int32, lane: Int32,
     empty). Returns ``(prefix, sel_eff, need, bucket, copies)``: the top ``sel_eff`` keys
     are the ``sel_eff - need`` keys whose digits so far exceed ``prefix`` plus ``need`` of
     the ``bucket`` keys that match it; ``copies`` is 1 if those ``bucket`` keys are all
-    copies of the key ``prefix`` (all 8 passes ran, or the default order found them
-    equal). Stop: the bin is taken whole or holds copies of one key (``sort_size == 0``,
-    the default order), or the candidates fit the sort."""
+    copies of the key ``prefix`` (all 8 passes ran, or a pass found them equal). Stop:
+    the bin is taken whole (``sort_size == 0``, the default order) or the candidates fit
+    the sort, or the bin holds copies of one key."""
     num_hists = 3 if pair else 2  # variants.histograms
     prefix = Int64(0)
     mask = Int64(0)
@@ -485,11 +486,11 @@ def _radix_select(cand: cute.Tensor, regs, row: Int32, tidx: Int32, lane: Int32,
     for p in cutlass.range_constexpr(NUM_PASSES):
         shift = 64 - RADIX_BITS * (p + 1)
         s_hist = s_hists[p % num_hists]
-        # The default order tracks whether the keys a pass counts (the last pass's bin)
-        # are copies of one key, which no pass can split (all 64 bits would be used):
-        # once the bin is small (a few copies) or after a pass that did not split it
-        # (many), so that the passes over large bins pay nothing.
-        track = sort_size == 0 and p >= 1
+        # Whether the keys a pass counts (the last pass's bin) are copies of one key,
+        # which no pass can split (all 64 bits would be used), is tracked once the bin
+        # is small (a few copies) or after a pass that did not split it (many), so that
+        # the passes over large bins pay nothing.
+        track = p >= 1
         tracking = Int32(cutlass.select_((bucket == prev_bucket) | (bucket <= TRACK_BELOW),
                                          Int32(1), Int32(0)))
         if running != 0:

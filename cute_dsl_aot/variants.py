@@ -87,33 +87,41 @@ def smem_bytes(v: Variant) -> int:
 
 #: Fastest first within each kind; the launcher takes the first that fits the shape:
 #: pairs only while 2 x rows fit the SMs, 2 CTAs per SM only once the rows outnumber the
-#: SMs, keys in registers when the row's (segment, chunk) pairs fit, else streamed.
-#: Sorting variants: the smallest S with next_pow2(min(k, N)) <= S.
+#: SMs (3 per SM: for a sort, twice over), keys in registers when the row's (segment,
+#: chunk) pairs fit, else streamed. Sorting variants: the smallest S with
+#: next_pow2(min(k, N)) <= S. H200 (132 SMs), k = K = 2048 unless named, graph us:
 #: - A pair sorts with 4 keys per thread: each CTA sorts half the keys, and twice the
-#:   sorting warps of 8 keys per thread hide more latency (H200, 64 rows, k = 2048: 14.6
-#:   against 15.2 us).
-#: - d16 (512 threads, 2 CTAs per SM) against r8, H200 (132 SMs), W = 4, K = 2048,
-#:   k = S = 2048 (sorting): 132 rows +7%, 200 rows -15%, 264 -13%, 396 -3%, 528 -11%,
-#:   792 -13%, 1024 -13%. (S = 1024 / 512 at 1024 rows: -5.6% / -2.6%; S = 4096: -1.4%,
-#:   not exported.)
-#: - r4 / d8 (default order only): the same kinds with fewer keys per thread, for rows of
-#:   at most 4096 candidates (W = 2 at K = 2048), which the wider ones would run with half
-#:   their register slots empty. H200, W = 2, K = k = 2048, position order: one CTA (r4)
-#:   beats a pair up to 132 rows (1 / 64 rows: 4.8 / 5.7 us, against 6.6 / 8.6 for p4 and
-#:   5.6 / 7.5 for a pair of 2 keys per thread); 3 CTAs per SM of 8 keys (d8) beat d16
-#:   from 256 rows (10.6 / 27.5 us against 13.3 / 47.2 at 256 / 1024 rows).
-_SHAPES = (("d8", 512, 8, False, 3), ("r4", 1024, 4, False, 1), ("p4", 1024, 4, True, 1),
-           ("p8", 1024, 8, True, 1), ("d16", 512, 16, False, 2), ("r8", 1024, 8, False, 1),
+#:   sorting warps of 8 keys per thread hide more latency (64 rows: 14.6 against 15.2).
+#: - d16 (512 threads, 2 CTAs per SM) against r8, W = 4, sorting: 132 rows +7%, 200 rows
+#:   -15%, 264 -13%, 396 -3%, 528 -11%, 792 -13%, 1024 -13%. (S = 1024 / 512 at 1024 rows:
+#:   -5.6% / -2.6%; S = 4096: -1.4%, not exported.)
+#: - r4 / d8: the same kinds with fewer keys per thread, for rows of at most 4096
+#:   candidates (W = 2), which the wider ones would run with half their register slots
+#:   empty. Default order: one CTA (r4) beats a pair up to 132 rows (1 / 64 rows: 4.8 /
+#:   5.7 us, against 6.6 / 8.6 for p4); 3 CTAs per SM (d8) beat d16 from 256 rows (10.6 /
+#:   27.5 against 13.3 / 47.2 at 256 / 1024 rows). Sorting, W = 2: r4 against p4 at 1 / 64
+#:   rows 9.81 / 13.36 against 10.29 / 17.35; at 256 rows d16 24.49, d8 26.96; at 1024
+#:   rows d8 63.37 against d16 75.64 (W = 4, K = k = 512: 27.71 against 47.91).
+#: - d8 sorts with all its 512 threads (4 keys each): 63.4 against 64.9 us for 256
+#:   threads of 8 (1024 rows); the other kinds sort with 8 keys per thread (d16: 75.6
+#:   against 78.2 for 4 per thread; r8 at W = 4: 102.0 against 107.9).
+_SHAPES = (("d8", 512, 8, False, 3), ("d16", 512, 16, False, 2), ("r4", 1024, 4, False, 1),
+           ("p4", 1024, 4, True, 1), ("p8", 1024, 8, True, 1), ("r8", 1024, 8, False, 1),
            ("r16", 1024, 16, False, 1), ("g", 1024, 0, False, 1))
-_UNSORTED_ONLY = ("d8", "r4")
+_SMALL_SORTS = ("d8", "r4")  # rows of at most 4096 candidates: sorts of at most 2048 keys
+
+
+def _sort_log_r(kind: str, pair: bool) -> int:
+    """log2 of the keys per sorting thread (see the table's notes)."""
+    return 2 if pair or kind == "d8" else 3
+
 
 VARIANTS = tuple(
     Variant(f"{kind}_u", threads, 0, items, 0, pair, ctas)
     for kind, threads, items, pair, ctas in _SHAPES
 ) + tuple(
-    Variant(f"{kind}_s{size}", threads, size, items, 2 if pair else 3, pair, ctas)
+    Variant(f"{kind}_s{size}", threads, size, items, _sort_log_r(kind, pair), pair, ctas)
     for size in (512, 1024, 2048, 4096, 8192)
     for kind, threads, items, pair, ctas in _SHAPES
-    if kind not in _UNSORTED_ONLY
-    and (kind == "g" or (size <= 4096 and (kind != "d16" or size <= 2048)))
+    if kind == "g" or (size <= 4096 and (kind not in ("d16",) + _SMALL_SORTS or size <= 2048))
 ) + (Variant("g_s16384", 1024, 16384, 0, 4, False, 1),)

@@ -257,8 +257,8 @@ def test_two_ctas_per_sm_segments(device, W, K, k):
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
 def test_variant_choice_by_rows():
     """Pairs while 2 x rows fit the SMs, then one CTA of 1024 threads while the rows fit
-    the SMs, then 2 CTAs of 512 threads per SM (W = 4, K = 2048, k = 2048); at W = 2 the
-    default order takes one CTA of 4 keys per thread, then 3 CTAs of 8 per SM."""
+    the SMs, then 2 CTAs of 512 threads per SM (W = 4, K = 2048, k = 2048); at W = 2 one
+    CTA of 4 keys per thread, then 3 CTAs of 8 per SM (sorting: 2 CTAs of 16 between)."""
     dev, sms = torch.cuda.current_device(), cuda_sms()
     for rows, want in ((1, "p4_s2048"), (sms // 2, "p4_s2048"), (sms // 2 + 1, "r8_s2048"),
                        (sms, "r8_s2048"), (sms + 1, "d16_s2048"), (4 * sms, "d16_s2048")):
@@ -267,6 +267,11 @@ def test_variant_choice_by_rows():
         assert dsa_ext._C.stable_topk_variant(4, rows, 2048, 2048, False, dev) == unsorted
     for rows, want in ((1, "r4_u"), (sms, "r4_u"), (sms + 1, "d8_u"), (4 * sms, "d8_u")):
         assert dsa_ext._C.stable_topk_variant(2, rows, 2048, 2048, False, dev) == want, rows
+    # Sorting at W = 2: one CTA of 4 keys per thread, 2 CTAs per SM past the SMs, 3 CTAs
+    # of 8 keys per SM past twice the SMs.
+    for rows, want in ((1, "r4_s2048"), (sms, "r4_s2048"), (sms + 1, "d16_s2048"),
+                       (2 * sms, "d16_s2048"), (2 * sms + 1, "d8_s2048"), (8 * sms, "d8_s2048")):
+        assert dsa_ext._C.stable_topk_variant(2, rows, 2048, 2048, True, dev) == want, rows
     # The default order has no sort-size limit: W = 8 pairs hold 16 chunks, streamed past.
     for W, K, k, want in ((8, 2048, 16384, "p8_u"), (16, 2048, 5000, "g_u"),
                           (1, 40000, 20000, "g_u")):
@@ -810,6 +815,38 @@ def test_every_default_order_variant_matches_reference(variant, W, K, kind):
     with forced_topk_variant(variant):
         assert dsa_ext._C.stable_topk_variant(W, rows, K, k, False, 0) == variant
         got = run(cands, k, "cuda")
+    check_equal(got, want, variant=variant, kind=kind)
+
+
+#: Sorting variants and a shape each can run: (variant, W, K); k stays within S.
+SORTING_VARIANTS = [("d8_s512", 2, 2048), ("d8_s2048", 2, 2048), ("d16_s1024", 4, 2048),
+                    ("r4_s512", 4, 1024), ("r4_s2048", 2, 2048), ("p4_s2048", 4, 1000),
+                    ("p4_s4096", 4, 2048), ("p8_s2048", 8, 1000), ("r8_s4096", 4, 2048),
+                    ("r16_s2048", 8, 2048), ("g_s1024", 8, 3000)]
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
+@pytest.mark.parametrize("variant,W,K", SORTING_VARIANTS)
+@pytest.mark.parametrize("kind", ["random", "ties", "pair_copies", "threshold_copies"])
+def test_sorting_variants_match_reference(variant, W, K, kind):
+    """Each sorting kind, forced, equals the reference (descending): the select stops when
+    the candidates fit the sort, or on a bin of copies of the k-th key (found equal before
+    all 64 bits, one CTA or a pair), whose copies are then taken as needed."""
+    size = int(variant.split("_s")[1])
+    rows, n = 5, W * K
+    k = min(n - 3, size - 5)
+    if kind == "pair_copies":
+        flat = make_pair_copies(rows, n, k, seed=W + K)
+    elif kind == "threshold_copies":
+        flat = make_threshold_copies(rows, n, k, seed=W * K)
+    else:
+        flat = make_keys(kind, rows, n, seed=W + K)
+    cands = flat.view(rows, W, K).transpose(0, 1).contiguous()
+    want = reference.stable_topk_from_candidates(cands, k, sorted=True)
+    with forced_topk_variant(variant):
+        assert dsa_ext._C.stable_topk_variant(W, rows, K, k, True, 0) == variant
+        got = run(cands, k, "cuda", sorted=True)
     check_equal(got, want, variant=variant, kind=kind)
 
 
