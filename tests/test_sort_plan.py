@@ -85,7 +85,9 @@ def test_warp_local_transitions_keep_keys_in_their_warp(m, log_r):
     windows = sort_plan.plan_windows(m, log_r)
     check_warp_local_transitions(windows, m, log_r)
     local = sum(sort_plan.warp_local(a.layout, b.layout) for a, b in zip(windows, windows[1:]))
-    assert local >= len(windows) // 3  # most transitions on the low bits stay in warps
+    # With 8 keys a thread, most transitions on the low bits stay in warps; with 4 (the d8
+    # sorts, 3 CTAs per SM) a warp covers 128 keys and most transitions cross warps.
+    assert local >= (len(windows) // 3 if log_r >= 3 else 3)
 
 
 @pytest.mark.parametrize("m,log_r", _HALVES)
