@@ -27,12 +27,12 @@ distributed shared memory):
    (``bucket == need``), a sorting variant until the candidate set ``{key & M >= P}``
    fits its sort (``sel_eff - need + bucket <= S``); both stop early when the bin holds
    copies of one key (then P is that key, and ``need`` of its copies are taken: the
-   default order those at the lowest positions). Once the bin is small
-   (``TRACK_BELOW``) or after a pass that did not split it, the next pass also folds the
-   keys it counts (that bin) into an AND and an OR beside its histogram, which are equal
-   exactly when the bin holds copies of one key - so a duplicated candidate at the
-   threshold stops the row there instead of after all 8 passes (a sort of exactly
-   ``sel_eff`` keys has no room for the extra copies).
+   default order those at the lowest positions). After a pass that did not split the
+   bin, or (default order and pairs) once the bin is small (``TRACK_BELOW``), the next
+   pass also folds the keys it counts (that bin) into an AND and an OR beside its
+   histogram, which are equal exactly when the bin holds copies of one key - so a
+   duplicated candidate at the threshold stops the row there instead of after all 8
+   passes (a sort of exactly ``sel_eff`` keys has no room for the extra copies).
 3. Default order (:func:`_write_in_position_order`): one ordered stream compaction of the
    row. Per key, two ballots (above the threshold; a copy of it) give each warp's counts;
    one warp scans the counts of the block in position order (register index, then warp)
@@ -487,12 +487,18 @@ def _radix_select(cand: cute.Tensor, regs, row: Int32, tidx: Int32, lane: Int32,
         shift = 64 - RADIX_BITS * (p + 1)
         s_hist = s_hists[p % num_hists]
         # Whether the keys a pass counts (the last pass's bin) are copies of one key,
-        # which no pass can split (all 64 bits would be used), is tracked once the bin
-        # is small (a few copies) or after a pass that did not split it (many), so that
-        # the passes over large bins pay nothing.
+        # which no pass can split (all 64 bits would be used), is tracked after a pass
+        # that did not split the bin (many copies, or two), so that the passes over large
+        # bins pay nothing; and, by the default order and by pairs (whose passes each
+        # cost a cluster barrier), already once the bin is small (a few copies). A
+        # single CTA's sort gains less from that early stop than the tracking of its last
+        # small bins costs (H200, sorting, 1024 rows W = 8: 145.9 against 141.9 us; 64
+        # rows k = 512: 7.5 against 7.2); a pair's gains (1 row W = 4: 12.8 against 13.7).
         track = p >= 1
-        tracking = Int32(cutlass.select_((bucket == prev_bucket) | (bucket <= TRACK_BELOW),
-                                         Int32(1), Int32(0)))
+        unsplit = bucket == prev_bucket
+        if cutlass.const_expr(sort_size == 0 or pair):
+            unsplit = unsplit | (bucket <= TRACK_BELOW)
+        tracking = Int32(cutlass.select_(unsplit, Int32(1), Int32(0)))
         if running != 0:
             # This pass counts into s_hist (reset before the last barrier) and resets the
             # next one, whose last readers (this CTA's scan two passes ago; in a pair also
