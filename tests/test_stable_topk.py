@@ -803,7 +803,13 @@ def test_every_default_order_variant_matches_reference(variant, W, K, kind):
     """Each default-order variant, forced on a shape it can run, equals the reference:
     the select stops on a whole bin, on a bin of copies (found equal before all 64 bits,
     one CTA or a pair adding the AND / OR of both halves) or after all 64 bits."""
-    rows, n, k = 5, W * K, min(W * K - 3, 2048)
+    check_forced_variant(variant, W, K, min(W * K - 3, 2048), kind, sorted=False)
+
+
+def check_forced_variant(variant: str, W: int, K: int, k: int, kind: str, sorted: bool) -> None:
+    """Five rows of `kind` as [W, rows, K] candidates, run on the forced `variant` (CUDA),
+    equal the reference."""
+    rows, n = 5, W * K
     if kind == "pair_copies":
         flat = make_pair_copies(rows, n, k, seed=W + K)
     elif kind == "threshold_copies":
@@ -811,10 +817,10 @@ def test_every_default_order_variant_matches_reference(variant, W, K, kind):
     else:
         flat = make_keys(kind, rows, n, seed=W + K)
     cands = flat.view(rows, W, K).transpose(0, 1).contiguous()
-    want = reference.stable_topk_from_candidates(cands, k)
+    want = reference.stable_topk_from_candidates(cands, k, sorted=sorted)
     with forced_topk_variant(variant):
-        assert dsa_ext._C.stable_topk_variant(W, rows, K, k, False, 0) == variant
-        got = run(cands, k, "cuda")
+        assert dsa_ext._C.stable_topk_variant(W, rows, K, k, sorted, 0) == variant
+        got = run(cands, k, "cuda", sorted=sorted)
     check_equal(got, want, variant=variant, kind=kind)
 
 
@@ -834,20 +840,7 @@ def test_sorting_variants_match_reference(variant, W, K, kind):
     the candidates fit the sort, or on a bin of copies of the k-th key (found equal before
     all 64 bits, one CTA or a pair), whose copies are then taken as needed."""
     size = int(variant.split("_s")[1])
-    rows, n = 5, W * K
-    k = min(n - 3, size - 5)
-    if kind == "pair_copies":
-        flat = make_pair_copies(rows, n, k, seed=W + K)
-    elif kind == "threshold_copies":
-        flat = make_threshold_copies(rows, n, k, seed=W * K)
-    else:
-        flat = make_keys(kind, rows, n, seed=W + K)
-    cands = flat.view(rows, W, K).transpose(0, 1).contiguous()
-    want = reference.stable_topk_from_candidates(cands, k, sorted=True)
-    with forced_topk_variant(variant):
-        assert dsa_ext._C.stable_topk_variant(W, rows, K, k, True, 0) == variant
-        got = run(cands, k, "cuda", sorted=True)
-    check_equal(got, want, variant=variant, kind=kind)
+    check_forced_variant(variant, W, K, min(W * K - 3, size - 5), kind, sorted=True)
 
 
 @pytest.mark.parametrize("device", DEVICES)
