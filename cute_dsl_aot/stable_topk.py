@@ -34,13 +34,15 @@ distributed shared memory):
    duplicated candidate at the threshold stops the row there instead of after all 8
    passes (a sort of exactly ``sel_eff`` keys has no room for the extra copies).
 3. Default order (:func:`_write_in_position_order`): one ordered stream compaction of the
-   row. Per key, two ballots (above the threshold; a copy of it) give each warp's counts;
-   one warp scans the counts of the block in position order (register index, then warp)
-   and every selected key goes to ``out[row, keys above before it + min(copies before it,
-   need)]``; streamed variants do this per group of chunks with running totals. In a pair,
-   CTA 1's counts start at the row's totals (known from the select) minus its own, so the
-   CTAs exchange nothing. Positions ``sel_eff .. k-1`` get -1. No shared buffer of keys,
-   no sort, any ``k``.
+   row. When the select stopped on a whole bin (the usual case) every key ``>= prefix``
+   is taken: one ballot per key gives each warp's count, one warp scans the counts of the
+   block in position order (register index, then warp) and every taken key goes to
+   ``out[row, keys taken before it]``. When it stopped on copies of one key, two ballots
+   (above it; a copy of it) and ``out[row, keys above before it + min(copies before it,
+   need)]``. Streamed variants do this per group of chunks with running totals. In a
+   pair, CTA 1's counts start at the row's totals (known from the select) minus its own,
+   so the CTAs exchange nothing. Positions ``sel_eff .. k-1`` get -1. No shared buffer of
+   keys, no sort, any ``k``.
 4. ``sorted=True`` (:func:`_gather_and_sort`): the candidates are gathered into shared
    memory (one shared atomic per warp for its slots, so the order is arbitrary, the set
    exact and the slots need no swizzle; in a pair slot i lives in CTA
@@ -413,22 +415,28 @@ def _load_keys(cand: cute.Tensor, row: Int32, tidx: Int32, seg: Int32, chunk: In
     """Load: the keys of ``n`` consecutive (segment, block-wide chunk) pairs from pair
     (seg, chunk), the first ``count`` of them real; key j of thread t is
     ``cand[w, row, c0 + t]`` of the j-th pair (w, c0 = chunk * nt), key 0 past the segment
-    or past ``count``. Every load is issued (an address inside the row where there is no
-    key), so they all go out back to back."""
+    or past ``count``. The offset moves from pair to pair by one of two steps (to the next
+    chunk, or from a segment's last chunk to the next segment's first); each load is
+    predicated, so they all go out back to back."""
     seg_stride, row_stride, col_stride = cand.stride
     seg_len = cand.shape[2]
-    row_off = Int64(row) * row_stride
-    thread_off = row_off + Int64(tidx) * col_stride
     chunks = (seg_len + (nt - 1)) // nt
+    step = Int64(nt) * col_stride
+    wrap_step = seg_stride - Int64(chunks - 1) * step
+    off = (Int64(row) * row_stride + Int64(seg) * seg_stride
+           + Int64(chunk * nt + tidx) * col_stride)
+    lim = seg_len - chunk * nt  # this pair's columns left from its first
     keys = []
     for j in cutlass.range_constexpr(n):
-        col0 = chunk * nt
-        inside = (col0 + tidx < seg_len) & (count > j)
-        at = Int64(seg) * seg_stride + Int64(col0) * col_stride + thread_off
-        loaded = cute.make_tensor(cand.iterator + Int64(cutlass.select_(inside, at, row_off)),
-                                  cute.make_layout(1))[0]
-        keys.append(Int64(cutlass.select_(inside, loaded, Int64(0))))
-        seg, chunk = _wrap_chunk(seg, chunk + 1, chunks, 1)
+        key = Int64(0)
+        if (tidx < lim) & (count > j):
+            key = cute.make_tensor(cand.iterator + off, cute.make_layout(1))[0]
+        keys.append(key)
+        if cutlass.const_expr(j + 1 < n):
+            last = chunk == chunks - 1
+            off = off + Int64(cutlass.select_(last, wrap_step, step))
+            lim = Int32(cutlass.select_(last, seg_len, lim - nt))
+            chunk = Int32(cutlass.select_(last, Int32(0), chunk + 1))
     return keys
 
 
@@ -631,32 +639,63 @@ def _block_scan(entries, lane: Int32, warp: Int32, s_counts: cute.Tensor,
 
 
 @cute.jit
-def _classify(key: Int64, prefix: Int64, exact, inexact):
-    """(above the threshold, a copy of it) for one key; see _write_block."""
-    equal = key == prefix
-    above = ((key ^ Int64(SIGN_BIT)) > (prefix ^ Int64(SIGN_BIT))) | (equal & exact)
-    return above & (key != 0), equal & inexact
+def _classify(key: Int64, prefix: Int64):
+    """(above the threshold, a copy of it) for one key; see _write_block_with_copies."""
+    return ((key ^ Int64(SIGN_BIT)) > (prefix ^ Int64(SIGN_BIT))), key == prefix
+
+
+def _row_of(out: cute.Tensor, row: Int32) -> cute.Tensor:
+    """out[row, :] as a 1-D tensor (its address computed once)."""
+    return cute.make_tensor(out.iterator + Int64(row) * out.stride[0],
+                            cute.make_layout(out.shape[1], stride=out.stride[1]))
 
 
 @cute.jit
-def _write_block(keys, prefix: Int64, exact, inexact, need: Int32, above_base: Int32,
-                 copies_base: Int32, from_end, above_row: Int32, copies_row: Int32,
-                 out: cute.Tensor, row: Int32, lane: Int32, warp: Int32, lanes_below: Int32,
+def _write_block(keys, floor: Int64, above_base: Int32, from_end, above_row: Int32,
+                 out_row: cute.Tensor, lane: Int32, warp: Int32, lanes_below: Int32,
                  s_counts: cute.Tensor, s_bases: cute.Tensor, s_ctl: cute.Tensor,
                  n: cutlass.Constexpr[int], nw: cutlass.Constexpr[int]) -> Int32:
-    """Write: the selected keys of one block of (register, thread) positions to ``out`` in
-    position order. A key above the threshold (``key > prefix``, or ``key >= prefix`` when
-    the select stopped on a whole bin) is taken; a copy of the threshold (``key ==
-    prefix`` after all 64 bits) is taken if fewer than ``need`` copies come before it. A
-    taken key goes to ``keys above before it + min(copies before it, need)``; the counts
-    before the block are ``above_base`` and ``copies_base``, or with ``from_end`` (CTA 1 of
-    a pair) the row's ``above_row`` / ``copies_row`` minus this block's. Both counts of a
-    warp travel in one int32 (copies in the high half: a block holds < 2^16 keys).
-    Returns the block's packed total. (``exact``: the select stopped on a whole bin;
-    ``inexact`` is its negation.)"""
+    """Write, when the select stopped on a whole bin: every key ``>= floor`` (unsigned;
+    ``floor`` is the prefix, or 1 so that key 0 is never taken) of one block of
+    (register, thread) positions goes to ``out_row`` at the count of such keys before it,
+    in position order; the count before the block is ``above_base``, or with
+    ``from_end`` (CTA 1 of a pair) the row's ``above_row`` minus this block's. One ballot
+    a key, twice. Returns the block's count."""
+    lowest = floor ^ Int64(SIGN_BIT)  # signed compare of flipped values = unsigned
+    entries = [cute.arch.popc(cute.arch.vote_ballot_sync((keys[j] ^ Int64(SIGN_BIT)) >= lowest))
+               for j in range(n)]
+    _block_scan(entries, lane, warp, s_counts, s_bases, s_ctl, n, nw)
+    total = s_ctl[CTL_SCAN_TOTAL]
+    if from_end:
+        above_base = above_row - total
+    for j in cutlass.range_constexpr(n):
+        # Compared again rather than kept across the scan: fewer live registers.
+        taken = (keys[j] ^ Int64(SIGN_BIT)) >= lowest
+        before = s_bases[j * nw + warp] + cute.arch.popc(
+            cute.arch.vote_ballot_sync(taken) & lanes_below)
+        if taken:
+            out_row[above_base + before] = Int32(~keys[j])
+    return total
+
+
+@cute.jit
+def _write_block_with_copies(keys, prefix: Int64, need: Int32, above_base: Int32,
+                             copies_base: Int32, from_end, above_row: Int32,
+                             copies_row: Int32, out_row: cute.Tensor, lane: Int32,
+                             warp: Int32, lanes_below: Int32, s_counts: cute.Tensor,
+                             s_bases: cute.Tensor, s_ctl: cute.Tensor,
+                             n: cutlass.Constexpr[int], nw: cutlass.Constexpr[int]) -> Int32:
+    """Write, when the select stopped on copies of the key ``prefix`` (all 64 bits used):
+    as _write_block for the keys above it (``key > prefix``; the prefix is nonzero); a
+    copy of it (``key == prefix``) is taken if fewer than ``need`` copies come before it.
+    A taken key goes to ``keys above before it + min(copies before it, need)``; the counts
+    before the block are ``above_base`` and ``copies_base``, or with ``from_end`` the row's
+    ``above_row`` / ``copies_row`` minus this block's. Both counts of a warp travel in one
+    int32 (copies in the high half: a block holds < 2^16 keys). Returns the block's packed
+    total."""
     entries = []
     for j in cutlass.range_constexpr(n):
-        is_above, is_copy = _classify(keys[j], prefix, exact, inexact)
+        is_above, is_copy = _classify(keys[j], prefix)
         entries.append(cute.arch.popc(cute.arch.vote_ballot_sync(is_above))
                        + (cute.arch.popc(cute.arch.vote_ballot_sync(is_copy)) << COPIES_SHIFT))
     _block_scan(entries, lane, warp, s_counts, s_bases, s_ctl, n, nw)
@@ -665,8 +704,7 @@ def _write_block(keys, prefix: Int64, exact, inexact, need: Int32, above_base: I
         above_base = above_row - (total & ((1 << COPIES_SHIFT) - 1))
         copies_base = copies_row - (total >> COPIES_SHIFT)
     for j in cutlass.range_constexpr(n):
-        # Classified again rather than kept across the scan: fewer live registers.
-        is_above, is_copy = _classify(keys[j], prefix, exact, inexact)
+        is_above, is_copy = _classify(keys[j], prefix)
         ballot_a = cute.arch.vote_ballot_sync(is_above)
         ballot_c = cute.arch.vote_ballot_sync(is_copy)
         before = (s_bases[j * nw + warp] + cute.arch.popc(ballot_a & lanes_below)
@@ -674,7 +712,7 @@ def _write_block(keys, prefix: Int64, exact, inexact, need: Int32, above_base: I
         above_before = above_base + (before & ((1 << COPIES_SHIFT) - 1))
         copies_before = copies_base + (before >> COPIES_SHIFT)
         if is_above | (is_copy & (copies_before < need)):
-            out[row, above_before + cutlass.min(copies_before, need)] = Int32(~keys[j])
+            out_row[above_before + cutlass.min(copies_before, need)] = Int32(~keys[j])
     return total
 
 
@@ -685,17 +723,28 @@ def _write_in_position_order(cand: cute.Tensor, out: cute.Tensor, regs, row: Int
                              s_counts: cute.Tensor, s_bases: cute.Tensor, s_ctl: cute.Tensor,
                              nt: cutlass.Constexpr[int], items: cutlass.Constexpr[int],
                              pair: cutlass.Constexpr[bool]):
-    """Default order: the ids of the top ``sel_eff`` keys in position order, then -1."""
+    """Default order: the ids of the top ``sel_eff`` keys in position order, then -1. The
+    select stopped on a whole bin (every key ``>= prefix`` is taken: one ballot a key) or,
+    rarely, on copies of one key (_write_block_with_copies)."""
     nw = nt // 32
     warp = tidx // 32
     lanes_below = Int32(cute.arch.lanemask_lt())
-    exact = copies == 0
-    above_row = Int32(cutlass.select_(exact, sel_eff, sel_eff - need))
-    copies_row = Int32(cutlass.select_(exact, Int32(0), bucket))
+    out_row = _row_of(out, row)
+    from_end = rank != 0
+    floor = Int64(cutlass.select_(prefix == 0, Int64(1), prefix))
     if cutlass.const_expr(items > 0):
-        _write_block(regs, prefix, exact, copies != 0, need, Int32(0), Int32(0), rank != 0,
-                     above_row, copies_row, out, row, lane, warp, lanes_below, s_counts,
-                     s_bases, s_ctl, items, nw)
+        if copies == 0:
+            if out.stride[1] == 1:  # the usual output: no 64-bit multiply per key
+                _write_block(regs, floor, Int32(0), from_end, sel_eff,
+                             cute.make_tensor(out_row.iterator, cute.make_layout(out.shape[1])),
+                             lane, warp, lanes_below, s_counts, s_bases, s_ctl, items, nw)
+            else:
+                _write_block(regs, floor, Int32(0), from_end, sel_eff, out_row, lane, warp,
+                             lanes_below, s_counts, s_bases, s_ctl, items, nw)
+        else:
+            _write_block_with_copies(regs, prefix, need, Int32(0), Int32(0), from_end,
+                                     sel_eff - need, bucket, out_row, lane, warp,
+                                     lanes_below, s_counts, s_bases, s_ctl, items, nw)
     else:
         # Streamed: groups of STREAM_GROUP chunks of one segment, with running counts.
         chunks = (cand.shape[2] + (nt - 1)) // nt
@@ -704,14 +753,20 @@ def _write_in_position_order(cand: cute.Tensor, out: cute.Tensor, regs, row: Int
         for w in cutlass.range(cand.shape[0]):
             for c0 in cutlass.range(0, chunks, STREAM_GROUP):
                 keys = _load_keys(cand, row, tidx, w, c0, chunks - c0, STREAM_GROUP, nt)
-                total = _write_block(keys, prefix, exact, copies != 0, need, above_before, copies_before,
-                                     rank != 0, above_row, copies_row, out, row, lane, warp,
-                                     lanes_below, s_counts, s_bases, s_ctl, STREAM_GROUP, nw)
-                above_before = above_before + (total & ((1 << COPIES_SHIFT) - 1))
-                copies_before = copies_before + (total >> COPIES_SHIFT)
+                if copies == 0:
+                    above_before = above_before + _write_block(
+                        keys, floor, above_before, from_end, sel_eff, out_row, lane, warp,
+                        lanes_below, s_counts, s_bases, s_ctl, STREAM_GROUP, nw)
+                else:
+                    total = _write_block_with_copies(
+                        keys, prefix, need, above_before, copies_before, from_end,
+                        sel_eff - need, bucket, out_row, lane, warp, lanes_below, s_counts,
+                        s_bases, s_ctl, STREAM_GROUP, nw)
+                    above_before = above_before + (total & ((1 << COPIES_SHIFT) - 1))
+                    copies_before = copies_before + (total >> COPIES_SHIFT)
     step = nt * (2 if pair else 1)
     for i in cutlass.range(sel_eff + rank * nt + tidx, out.shape[1], step):
-        out[row, i] = Int32(-1)
+        out_row[i] = Int32(-1)
 
 
 @cute.jit
