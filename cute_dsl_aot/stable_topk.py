@@ -165,9 +165,17 @@ def _count_digit(key: Int64, mask: Int64, prefix: Int64,
     warp that hit one bin at once (ATOMS.POPC.INC), so tied rows do not serialize on
     their bin."""
     hit = (key != 0) & ((key & mask) == prefix)
-    if hit:
-        digit = Int32((key >> shift) & (NUM_BINS - 1))
+    if cutlass.const_expr(shift == 64 - RADIX_BITS):
+        # The first pass counts every nonzero key: no branch around the increment, key 0
+        # goes to the word after the bins (the first copy word, which the first pass's
+        # histogram does not use: it is reset before that histogram tracks copies).
+        digit = Int32(cutlass.select_(hit, Int32(key >> shift) & (NUM_BINS - 1),
+                                      Int32(NUM_BINS)))
         cute.arch.atomic_add((s_hist.iterator + digit).llvm_ptr, Int32(1))
+    else:
+        if hit:
+            digit = Int32((key >> shift) & (NUM_BINS - 1))
+            cute.arch.atomic_add((s_hist.iterator + digit).llvm_ptr, Int32(1))
     return hit
 
 
