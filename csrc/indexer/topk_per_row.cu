@@ -585,10 +585,13 @@ __device__ __forceinline__ uint32_t count_and_capture(SharedState& s, const Bits
       if (key[e] >= floor_key) mask |= Mask{1} << (u * kPerVector + e);
     }
   };
-  // Appends the keys of `mask` (the batch v at `base`), with their columns, in lane order.
+  // Appends the keys of `mask` (the batch at `base`), with their columns, in lane order.
   // A warp whose keys would pass the capacity stores none: the list has overflowed and is
-  // not used. The whole warp calls it.
-  auto append = [&](const uint4 (&v)[kLoadsInFlight], uint32_t base, Mask mask) {
+  // not used. The whole warp calls it. A thread walks its own set bits, reading each
+  // captured key's bits again (the batch was just read: L1): at a few percent captured
+  // almost every warp has a hit in every vector, so a pass over the vectors would run
+  // whole for every warp, where this loop runs as often as the warp's busiest lane hits.
+  auto append = [&](uint32_t base, Mask mask) {
     const uint32_t mine = static_cast<uint32_t>(__popcll(mask));
     const uint32_t incl = warp_inclusive_sum(mine);
     const uint32_t total = __shfl_sync(0xffffffffu, incl, 31);
@@ -598,27 +601,12 @@ __device__ __forceinline__ uint32_t count_and_capture(SharedState& s, const Bits
     at = __shfl_sync(0xffffffffu, at, 31);
     if (at + total > m.capacity) return;  // warp-uniform
     at += incl - mine;
-#pragma unroll
-    for (int u = 0; u < kLoadsInFlight; ++u) {
-      constexpr uint32_t kVectorBits = (1u << kPerVector) - 1;
-      const uint32_t hits = static_cast<uint32_t>(mask >> (u * kPerVector)) & kVectorBits;
-      // Per vector and element, a branch (no lane holds more than a few): a predicated form
-      // is as long and spills.
-      if (hits == 0) continue;
-      const uint32_t col = l.head + (base + u * kThreads + threadIdx.x) * kPerVector;
-      // The keys again, from the vector made opaque: else the compiler keeps every key of
-      // the batch from the count (twice the registers of the vectors for bf16) and, short
-      // of registers, issues the next batch's loads one at a time.
-      uint4 w = v[u];
-      asm("" : "+r"(w.x), "+r"(w.y), "+r"(w.z), "+r"(w.w));
-      uint32_t key[kPerVector];
-      keys_of(w, key);
-#pragma unroll
-      for (int e = 0; e < kPerVector; ++e) {
-        const uint32_t i = at + __popc(hits & ((1u << e) - 1));
-        if ((hits >> e) & 1u) m.cand[i] = make_uint2(key[e], col + e);
-      }
-      at += __popc(hits);
+    while (mask != 0) {
+      const int bit = __ffsll(static_cast<long long>(mask)) - 1;
+      mask &= mask - 1;
+      const int u = bit / kPerVector, e = bit % kPerVector;
+      const uint32_t col = l.head + (base + u * kThreads + threadIdx.x) * kPerVector + e;
+      m.cand[at++] = make_uint2(score_key(__ldg(src + col)), col);
     }
   };
   auto take_whole = [&](uint32_t j) {
@@ -669,7 +657,7 @@ __device__ __forceinline__ uint32_t count_and_capture(SharedState& s, const Bits
     keys_of(v[u], key);
     if (u * kThreads + threadIdx.x < l.vectors) mark(key, u, floor_key, mask);
   }
-  append(v, 0, mask);
+  append(0, mask);
   // The later batches, against the fixed floor: the warps run apart.
   for (uint32_t base = kStep; base < l.vectors; base += kStep) {  // block-uniform
     load(base, v);
@@ -683,7 +671,7 @@ __device__ __forceinline__ uint32_t count_and_capture(SharedState& s, const Bits
         mark(key, u, floor_key, mask);
       }
     }
-    append(v, base, mask);
+    append(base, mask);
   }
   return floor_key;
 }
