@@ -292,16 +292,6 @@ def _write_gid(out: cute.Tensor, row: Int32, pos: Int32, k: Int32, sel_eff: Int3
         out[row, pos] = gid
 
 
-def _wrap_chunk(seg: Int32, chunk: Int32, chunks: Int32, max_wraps: int):
-    """(segment, chunk) with the chunk index carried into the segment: chunk < chunks
-    again, given chunk < (max_wraps + 1) * chunks."""
-    for _ in range(max_wraps):
-        wrap = chunk >= chunks
-        chunk = Int32(cutlass.select_(wrap, chunk - chunks, chunk))
-        seg = Int32(cutlass.select_(wrap, seg + 1, seg))
-    return seg, chunk
-
-
 def _deposit(tidx: Int32, layout: sort_plan.Layout) -> Int32:
     """Element index bits of thread `tidx` in `layout` (its register bits zero)."""
     e = Int32(0)
