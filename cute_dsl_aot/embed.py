@@ -54,7 +54,7 @@ def generate(cubin_dir: str, archs: list[str]) -> str:
                     f"{name}, {_c_string(v['entry'])}, {dims(v['block'])}, "
                     f"{dims(v['cluster'])}, {int(v['dynamic_smem'])}u, "
                     f"{int(v['sort_size'])}, {int(v['keys_per_thread'])}, "
-                    f"{int(v['ctas_per_sm'])}u}},")
+                    f"{int(v['ctas_per_sm'])}u, {'true' if v['ranked'] else 'false'}}},")
     # The compiler, not this script, holds the launchers' parameter layout version: each
     # manifest's version is checked against it where the table is compiled.
     abi_checks = "".join(

@@ -76,6 +76,7 @@ def export_arch(arch: str, out_dir: str, keep_ptx: bool = False) -> dict:
             "sort_size": v.sort_size,
             "keys_per_thread": v.keys_per_thread,
             "ctas_per_sm": v.ctas_per_sm,
+            "ranked": v.ranked,
         })
     manifest = {"arch": arch, "abi_version": ABI_VERSION, "params": PARAMS,
                 "variants": exported}

@@ -43,9 +43,15 @@ distributed shared memory):
    pair, CTA 1's counts start at the row's totals (known from the select) minus its own,
    so the CTAs exchange nothing. Positions ``sel_eff .. k-1`` get -1. No shared buffer of
    keys, no sort, any ``k``.
-4. ``sorted=True`` (:func:`_gather_and_sort`): the candidates are gathered into shared
-   memory (one shared atomic per warp for its slots, so the order is arbitrary, the set
-   exact and the slots need no swizzle; in a pair slot i lives in CTA
+4. ``sorted=True``, rank variants (:func:`_sort_by_rank`): the select stops once the
+   candidates (keys ``>= prefix``) fit S, a counting sort bins them by the top
+   ``log2(S)`` bits of their distance below the largest one (a histogram, its scan, a
+   scatter) and each key's output position is its bin's start plus the keys of its bin
+   above it; a row whose bins crowd (equal scores) runs the bitonic sort below on the
+   scattered keys instead.
+   ``sorted=True``, bitonic variants (:func:`_gather_and_sort`): the candidates are
+   gathered into shared memory (one shared atomic per warp for its slots, so the order
+   is arbitrary, the set exact and the slots need no swizzle; in a pair slot i lives in CTA
    ``i >> (log2(S) - 1)``), stored with the top bit flipped so that a signed compare is
    the unsigned order, padded with key 0 to ``S`` slots; a bitonic sort held in
    registers orders them descending (``sort_plan.py``: ``2^log_r`` keys per thread, the
@@ -73,8 +79,10 @@ from variants import COPY_WORDS, CTL_WORDS, NUM_BINS, RADIX_BITS, STREAM_GROUP
 
 NUM_PASSES = 64 // RADIX_BITS
 # Shared control words: 0 digit, 1 keys above the bin, 2 bin count, 3 gather slots,
-# 5 keys to select, 6 the position-order scan's block total.
+# 5 keys to select, 6 the position-order scan's block total, 7 the rank sort's crowding.
 CTL_SCAN_TOTAL = 6
+CTL_CROWD = 7  # the rank sort: the sum over keys of the keys sharing their bin
+CROWDED_BIN_MATES = 32  # more bin-mates a key on average: the bitonic sort is cheaper
 SIGN_BIT = -(1 << 63)  # int64 with only the top bit set; also the flipped key 0
 SORT_BARRIER = 1  # named barrier of the sorting threads
 GATHER_GROUP = 8  # register keys gathered per warp atomic (their hits and ballots stay live)
@@ -845,6 +853,193 @@ def _gather_and_sort(cand: cute.Tensor, out: cute.Tensor, regs, row: Int32, tidx
             out[row, i] = Int32(-1)
 
 
+@cute.jit
+def _fold_max(key: Int64, floor_f: Int64, acc: Int64) -> Int64:
+    """The running maximum of the flipped keys above the flipped floor."""
+    f = key ^ Int64(SIGN_BIT)
+    return Int64(cutlass.select_(f > floor_f, cutlass.max(acc, f), acc))
+
+
+@cute.jit
+def _warp_max(v: Int64) -> Int64:
+    for s in cutlass.range_constexpr(5):
+        v = cutlass.max(v, cute.arch.shuffle_sync_bfly(v, offset=1 << (4 - s)))
+    return v
+
+
+@cute.jit
+def _rank_bin(f: Int64, top: Int64, shift: Int32, nbins: cutlass.Constexpr[int]) -> Int32:
+    """Bin of a flipped key: bits ``shift ..`` of its distance below the largest key, so
+    larger keys take lower bins (the distance is below ``nbins << shift``; the arithmetic
+    shift's sign bits are masked off)."""
+    return Int32(((top - f) >> Int64(shift)) & (nbins - 1))
+
+
+@cute.jit
+def _bin_key(key: Int64, floor_f: Int64, top: Int64, shift: Int32, s_bins: cute.Tensor,
+             s_keys: cute.Tensor, scatter: cutlass.Constexpr[bool],
+             nbins: cutlass.Constexpr[int]):
+    """Count a key above the floor in its bin, or (``scatter``) put it at its bin's next
+    free slot of ``s_keys`` (flipped)."""
+    f = key ^ Int64(SIGN_BIT)
+    if f > floor_f:
+        ptr = (s_bins.iterator + _rank_bin(f, top, shift, nbins)).llvm_ptr
+        slot = cute.arch.atomic_add(ptr, Int32(1))
+        if cutlass.const_expr(scatter):
+            s_keys[slot] = f
+
+
+@cute.jit
+def _bin_row(cand: cute.Tensor, regs, row: Int32, tidx: Int32, floor_f: Int64, top: Int64,
+             shift: Int32, s_bins: cute.Tensor, s_keys: cute.Tensor,
+             scatter: cutlass.Constexpr[bool], nt: cutlass.Constexpr[int],
+             items: cutlass.Constexpr[int], nbins: cutlass.Constexpr[int]):
+    """_bin_key over the row (``regs``, or streamed from ``cand`` when empty)."""
+    if cutlass.const_expr(items > 0):
+        for j in cutlass.range_constexpr(items):
+            _bin_key(regs[j], floor_f, top, shift, s_bins, s_keys, scatter, nbins)
+    else:
+        for w in cutlass.range(cand.shape[0]):
+            for c0 in cutlass.range(0, cand.shape[2], nt):
+                _bin_key(_streamed_key(cand, w, row, c0 + tidx), floor_f, top, shift, s_bins,
+                         s_keys, scatter, nbins)
+
+
+@cute.jit
+def _scan_bins(s_bins: cute.Tensor, s_warp: cute.Tensor, s_ctl: cute.Tensor, tidx: Int32,
+               lane: Int32, nt: cutlass.Constexpr[int], nbins: cutlass.Constexpr[int]):
+    """The bin counts become their exclusive prefix sums (each thread a run of bins); the
+    sum of their squares (each key's bin-mates, summed) goes to s_ctl[CTL_CROWD]."""
+    per = max(1, nbins // nt)
+    owners = nbins // per
+    warp = tidx // 32
+    vals = []
+    for e in cutlass.range_constexpr(per):
+        v = Int32(0)
+        if tidx < owners:
+            v = s_bins[tidx * per + e]
+        vals.append(v)
+    own = Int32(0)
+    crowd = Int32(0)
+    for e in cutlass.range_constexpr(per):
+        own = own + vals[e]
+        crowd = crowd + vals[e] * vals[e]
+    incl = _warp_inclusive_scan(own, lane)
+    if lane == 31:
+        s_warp[warp] = incl
+    crowd = cute.arch.warp_redux_sync(crowd, "add")
+    if lane == 0:
+        if crowd != 0:
+            cute.arch.atomic_add((s_ctl.iterator + CTL_CROWD).llvm_ptr, crowd)
+    cute.arch.sync_threads()
+    total = Int32(0)
+    if lane < nt // 32:
+        total = s_warp[lane]
+    warps_incl = _warp_inclusive_scan(total, lane)
+    run = cute.arch.shuffle_sync(warps_incl - total, warp) + incl - own
+    if tidx < owners:
+        for e in cutlass.range_constexpr(per):
+            s_bins[tidx * per + e] = run
+            run = run + vals[e]
+    cute.arch.sync_threads()
+
+
+@cute.jit
+def _sort_by_rank(cand: cute.Tensor, out: cute.Tensor, regs, row: Int32, tidx: Int32,
+                  lane: Int32, prefix: Int64, sel_eff: Int32, need: Int32, bucket: Int32,
+                  copies: Int32, s_keys: cute.Tensor, s_bins: cute.Tensor,
+                  s_top: cute.Tensor, s_warp: cute.Tensor, s_ctl: cute.Tensor,
+                  nt: cutlass.Constexpr[int], items: cutlass.Constexpr[int],
+                  nbins: cutlass.Constexpr[int], log_r: cutlass.Constexpr[int]):
+    """sorted=True: every key the select kept goes to its output position, its rank in
+    descending order. The keys are binned by their distance below the largest one (a
+    counting sort on ``log2(nbins)`` bits, taken from the top of the range they span) and
+    a key's rank is its bin's start plus the keys of its bin above it (equal keys, copies
+    of one candidate, by slot). A bin holds about one key unless keys crowd within
+    ``2^shift`` of each other (many equal scores): its keys then compare with each other,
+    and past CROWDED_BIN_MATES bin-mates a key on average the row takes the bitonic sort."""
+    out_row = _row_of(out, row)
+    k = out.shape[1]
+    num_above = sel_eff - need
+    n_sort = num_above + bucket  # every key & mask >= prefix, the select's candidates
+    floor = Int64(cutlass.select_(prefix == 0, prefix, prefix - 1))
+    if copies != 0:  # the need taken copies of the prefix go after the keys above it
+        n_sort = num_above
+        floor = prefix
+    floor_f = floor ^ Int64(SIGN_BIT)
+    m = nbins.bit_length() - 1  # log2 of the bins (and of the bitonic sort's slots)
+    num_sorters = nbins >> log_r
+    # The largest key (flipped: a signed maximum).
+    top = Int64(SIGN_BIT)
+    if cutlass.const_expr(items > 0):
+        for j in cutlass.range_constexpr(items):
+            top = _fold_max(regs[j], floor_f, top)
+    else:
+        for w in cutlass.range(cand.shape[0]):
+            for c0 in cutlass.range(0, cand.shape[2], nt):
+                top = _fold_max(_streamed_key(cand, w, row, c0 + tidx), floor_f, top)
+    top = _warp_max(top)
+    if lane == 0:
+        s_top[tidx // 32] = top
+    cute.arch.sync_threads()
+    top = Int64(SIGN_BIT)
+    if lane < nt // 32:
+        top = s_top[lane]
+    top = _warp_max(top)
+    # The bins split the range [floor + 1, top] on its top log2(nbins) bits.
+    span_bits = 64 - Int32(cute.arch.clz(top - (floor_f + 1)))
+    shift = cutlass.max(span_bits - m, Int32(0))
+    _bin_row(cand, regs, row, tidx, floor_f, top, shift, s_bins, s_keys, False, nt, items,
+             nbins)
+    cute.arch.sync_threads()
+    _scan_bins(s_bins, s_warp, s_ctl, tidx, lane, nt, nbins)
+    _bin_row(cand, regs, row, tidx, floor_f, top, shift, s_bins, s_keys, True, nt, items,
+             nbins)
+    if s_ctl[CTL_CROWD] > CROWDED_BIN_MATES * n_sort:  # uniform: read after the scan
+        # Keys crowd into few bins (many equal scores): the bitonic sort, whose cost does
+        # not depend on the keys, orders the S slots (the copies and key 0 as padding).
+        for i in cutlass.range(n_sort + tidx, nbins, nt):
+            s_keys[i] = Int64(cutlass.select_(i < sel_eff, prefix ^ Int64(SIGN_BIT),
+                                              Int64(SIGN_BIT)))
+        cute.arch.sync_threads()
+        if tidx < num_sorters:
+            _register_sort(tidx, [s_keys], m, log_r, num_sorters, out, row, k, sel_eff)
+        for i in cutlass.range(nbins + tidx, k, nt):
+            out_row[i] = Int32(-1)
+    else:
+        _write_ranks(out_row, k, prefix, sel_eff, num_above, n_sort, copies, top, shift,
+                     s_keys, s_bins, tidx, nt, nbins)
+
+
+@cute.jit
+def _write_ranks(out_row: cute.Tensor, k: Int32, prefix: Int64, sel_eff: Int32,
+                 num_above: Int32, n_sort: Int32, copies: Int32, top: Int64, shift: Int32,
+                 s_keys: cute.Tensor, s_bins: cute.Tensor, tidx: Int32,
+                 nt: cutlass.Constexpr[int], nbins: cutlass.Constexpr[int]):
+    """Each binned key to its rank: its bin's start plus the keys of its bin above it."""
+    cute.arch.sync_threads()
+    # Bin d now spans slots s_bins[d - 1] .. s_bins[d] - 1 (its scatter moved each start
+    # to the next bin's).
+    for i in cutlass.range(tidx, n_sort, nt):
+        f = s_keys[i]
+        d = _rank_bin(f, top, shift, nbins)
+        start = Int32(0)
+        if d > 0:
+            start = s_bins[d - 1]
+        rank = start
+        for j in cutlass.range(start, s_bins[d]):
+            g = s_keys[j]
+            rank = rank + Int32(cutlass.select_((g > f) | ((g == f) & (j < i)), Int32(1),
+                                                Int32(0)))
+        if rank < sel_eff:
+            out_row[rank] = Int32(~(f ^ Int64(SIGN_BIT)))
+    if copies != 0:
+        for i in cutlass.range(num_above + tidx, sel_eff, nt):
+            out_row[i] = Int32(~prefix)
+    for i in cutlass.range(sel_eff + tidx, k, nt):
+        out_row[i] = Int32(-1)
+
+
 def make_stable_topk(v: variants.Variant):
     """Build the kernel and its host launcher for one variant (``variants.Variant``)."""
     NT = v.threads
@@ -853,6 +1048,8 @@ def make_stable_topk(v: variants.Variant):
     S = v.sort_size
     CTAS_PER_SM = v.ctas_per_sm
     LOG_R = v.log_r
+    RANKED = v.ranked
+    assert not RANKED or not PAIR
     assert NT % 32 == 0 and NT >= NUM_BINS + COPY_WORDS
     assert not PAIR or ITEMS > 0
     if v.sorted:
@@ -882,7 +1079,11 @@ def make_stable_topk(v: variants.Variant):
         lane = tidx % 32
 
         smem = cutlass.utils.SmemAllocator()
-        if cutlass.const_expr(S > 0):
+        if cutlass.const_expr(RANKED):
+            s_keys = smem.allocate_tensor(Int64, cute.make_layout((S,)), byte_alignment=16)
+            s_bins = smem.allocate_tensor(Int32, cute.make_layout((S,)), byte_alignment=16)
+            s_top = smem.allocate_tensor(Int64, cute.make_layout((32,)), byte_alignment=16)
+        elif cutlass.const_expr(S > 0):
             bufs = [smem.allocate_tensor(Int64, cute.make_layout((S,)), byte_alignment=16)
                     for _ in range(num_bufs)]
         else:
@@ -895,6 +1096,9 @@ def make_stable_topk(v: variants.Variant):
         s_ctl = smem.allocate_tensor(Int32, cute.make_layout((CTL_WORDS,)), byte_alignment=16)
         if tidx < CTL_WORDS:
             s_ctl[tidx] = Int32(0)
+        if cutlass.const_expr(RANKED):
+            for i in cutlass.range(tidx, S, NT):
+                s_bins[i] = Int32(0)
         _reset_histogram(s_hists[0], tidx)
 
         # ---- 1. load: register variants, one key per (segment, chunk) pair ---------------
@@ -917,7 +1121,10 @@ def make_stable_topk(v: variants.Variant):
             cand, regs, row, tidx, lane, rank, sel, s_hists, s_ctl, NT, ITEMS, PAIR, S)
 
         # ---- 3. write in position order, or 4. gather and sort ----------------------------
-        if cutlass.const_expr(S > 0):
+        if cutlass.const_expr(RANKED):
+            _sort_by_rank(cand, out, regs, row, tidx, lane, prefix, sel_eff, need, bucket,
+                          copies, s_keys, s_bins, s_top, s_hists[0], s_ctl, NT, ITEMS, S, LOG_R)
+        elif cutlass.const_expr(S > 0):
             _gather_and_sort(cand, out, regs, row, tidx, lane, rank, prefix, sel_eff, need,
                              bucket, copies, bufs, s_ctl, NT, ITEMS, S, LOG_R, PAIR,
                              CTAS_PER_SM)

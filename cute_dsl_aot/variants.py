@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-ABI_VERSION = 4  # must match kCubinAbiVersion (csrc/dcp/cubin_loader.h): the build checks it
+ABI_VERSION = 5  # must match kCubinAbiVersion (csrc/dcp/cubin_loader.h): the build checks it
 
 #: Kernel parameters in order, as the launcher must pass them. A dynamic cute.Tensor is
 #: passed by value as {void* data; int32 shape[#dynamic]; int64 stride[#dynamic]}.
@@ -35,13 +35,17 @@ class Variant:
     """One exported kernel.
 
     sort_size: 0 for the default order (selected keys written in position order, any k),
-        else S, the keys the bitonic sort orders (sorted=True, ``next_pow2(min(k, N)) <= S``).
+        else S, the keys the sort orders (sorted=True, ``next_pow2(min(k, N)) <= S``).
     keys_per_thread: keys each thread holds in registers, one per (segment, block-wide
         chunk) pair (``W * ceil(K / threads) <= keys_per_thread * cluster``); 0 streams the
         row from global memory on every pass (any N).
     log_r: log2 of the keys per sorting thread (sorting variants).
     pair: a cluster of two CTAs per row, each holding one half of the row.
     ctas_per_sm: CTAs an SM must hold at once (registers capped to fit).
+    ranked: sorting by rank (a counting sort of the select's candidates, ``{kind}_rank{S}``;
+        the launcher runs it with ``S = min(2 next_pow2(min(k, N)), next_pow2(N))`` at
+        least next_pow2(min(k, N)), so that the select stops early) instead of the bitonic
+        sort of S slots (``{kind}_s{S}``).
     """
     name: str
     threads: int
@@ -50,6 +54,7 @@ class Variant:
     log_r: int
     pair: bool
     ctas_per_sm: int
+    ranked: bool = False
 
     @property
     def cluster(self) -> int:
@@ -78,7 +83,9 @@ def smem_bytes(v: Variant) -> int:
     """Dynamic shared memory of a variant, in this order (each 16-byte aligned): the sort
     buffers (sorting variants) or the scan's counts and bases (default order), the
     histograms, the control words."""
-    if v.sorted:
+    if v.ranked:
+        data = v.sort_size * (8 + 4) + 32 * 8  # the keys, their bins, the warps' largest keys
+    elif v.sorted:
         data = sort_buffers(v.sort_size) * v.sort_size * 8
     else:
         data = 2 * scan_entries(v) * 4
@@ -116,15 +123,32 @@ _SMALL_SORTS = ("d8", "r4")  # rows of at most 4096 candidates: sorts of at most
 _DEFAULT_ORDER = ("d8", "d16", "r4", "r8", "p8", "r16", "g")
 
 
-def _sort_log_r(kind: str, pair: bool) -> int:
-    """log2 of the keys per sorting thread (see the table's notes)."""
-    return 2 if pair or kind == "d8" else 3
+def _sort_log_r(kind: str, pair: bool, threads: int = 1024, size: int = 0) -> int:
+    """log2 of the keys per sorting thread (see the table's notes; a rank sort's bitonic
+    fallback, for crowded bins, sorts S slots with all its threads at most)."""
+    base = 2 if pair or kind == "d8" else 3
+    return max(base, (size // threads).bit_length() - 1)
 
+
+#: Rank sorts: kinds and sizes (S up to the keys a kind holds). They beat the bitonic
+#: sorts where the rows fit 4 or 8 keys a thread (H200, k = 2048, graph us, rows 1 / 64 /
+#: 256 / 1024: W = 4, r8_rank4096 7.4 / 7.6 / 15.2 / 64.7 against the bitonic choice
+#: 12.7 / 13.2 / 21.2 / 77.4; W = 2, r4_rank4096 5.9 / 9.3 / 17.3 / 59.5 against 9.9 /
+#: 11.0 / 19.7 / 59.8), and for k = 8192 (g_rank16384 34.0 against g_s8192 56.1, 64
+#: rows); at W = 8 the bitonic sorts win (r16 kinds spill; pairs at few rows).
+_RANKED = (("r4", (512, 1024, 2048, 4096)), ("r8", (512, 1024, 2048, 4096, 8192)),
+           ("g", (8192, 16384)))
 
 VARIANTS = tuple(
     Variant(f"{kind}_u", threads, 0, items, 0, pair, ctas)
     for order_kind in _DEFAULT_ORDER
     for kind, threads, items, pair, ctas in _SHAPES if kind == order_kind
+) + tuple(
+    Variant(f"{kind}_rank{size}", threads, size, items, _sort_log_r(kind, pair, threads, size),
+            pair, ctas, ranked=True)
+    for rank_kind, sizes in _RANKED
+    for kind, threads, items, pair, ctas in _SHAPES if kind == rank_kind
+    for size in sizes
 ) + tuple(
     Variant(f"{kind}_s{size}", threads, size, items, _sort_log_r(kind, pair), pair, ctas)
     for size in (512, 1024, 2048, 4096, 8192)

@@ -224,15 +224,16 @@ def check_variant(device: str, shape, k: int, prefix: str, sorted: bool) -> None
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kind", ["ties", "random", "shortfall"])
 @pytest.mark.parametrize("n,k,variant,unsorted", [
-    (8192, 2048, "d16_s2048", "d16_u"), (8192, 1000, "d16_s1024", "d16_u"),
-    (8192, 512, "d16_s512", "d16_u"), (4096, 2048, "d16_s2048", "d8_u"),
-    (4097, 2048, "d16_s2048", "d16_u"), (600, 300, "d16_s512", "d8_u"),
+    (8192, 2048, "r8_rank4096", "d16_u"), (8192, 1000, "r8_rank2048", "d16_u"),
+    (8192, 512, "r8_rank1024", "d16_u"), (4096, 2048, "r4_rank4096", "d8_u"),
+    (4097, 2048, "r8_rank4096", "d16_u"), (600, 300, "r4_rank1024", "d8_u"),
     (8193, 2048, "r16_s2048", "r16_u"),
-    (8192, 2049, "r8_s4096", "d16_u"), (8192, 8192, "g_s8192", "d16_u")])
+    (8192, 2049, "r8_rank8192", "d16_u"), (8192, 8192, "r8_rank8192", "d16_u")])
 def test_variant_boundaries_two_ctas_per_sm(device, kind, n, k, variant, unsorted):
-    """The 512-thread variants hold 16 keys per thread (N <= 8192; 8 for the default order
-    up to N = 4096) and sort up to 2048 keys: N = 8193 and (sorted) k = 2049 fall back to
-    the 1024-thread ones."""
+    """Past the SMs the default order takes the 512-thread variants of 2 or 3 CTAs per SM
+    (16 keys per thread up to N = 8192, 8 up to N = 4096); sorting takes a rank sort of
+    S = min(2 next_pow2(k), next_pow2(N)) keys while the row fits 8 keys per thread of
+    1024 (4 up to N = 4096), the bitonic sort of 16 keys per thread past that."""
     rows = rows_for_two_ctas_per_sm(device)
     check_variant(device, (1, rows, n), k, variant, True)
     check_variant(device, (1, rows, n), k, unsorted, False)
@@ -248,7 +249,7 @@ def test_two_ctas_per_sm_segments(device, W, K, k):
     rows = rows_for_two_ctas_per_sm(device)
     cands = torch.stack([make_keys("random", rows, K, seed=90 + w) for w in range(W)])
     cands[:, 5, :] = cands[0, 5, 0]
-    check_variant(device, (W, rows, K), k, "d16_s", True)
+    check_variant(device, (W, rows, K), k, "r8_rank", True)
     check_variant(device, (W, rows, K), k, "d16_u", False)
     check(cands, k, device)
 
@@ -256,23 +257,26 @@ def test_two_ctas_per_sm_segments(device, W, K, k):
 @pytest.mark.cuda
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
 def test_variant_choice_by_rows():
-    """Sorting, W = 4, K = 2048, k = 2048: pairs while 2 x rows fit the SMs, then one CTA
-    of 1024 threads while the rows fit the SMs, then 2 CTAs of 512 threads per SM; the
-    default order the same without the pairs. At W = 2 one CTA of 4 keys per thread,
-    then 3 CTAs of 8 per SM (sorting: 2 CTAs of 16 between)."""
+    """Sorting, K = 2048, k = 2048: a rank sort of 4096 keys at every row count (one CTA of
+    1024 threads, 8 keys per thread at W = 4, 4 at W = 2); at W = 8 the bitonic sort,
+    pairs while 2 x rows fit the SMs, then one CTA. The default order: one CTA of 1024
+    threads while the rows fit the SMs, then 2 CTAs of 512 threads per SM at W = 4, 3 at
+    W = 2."""
     dev, sms = torch.cuda.current_device(), cuda_sms()
-    for rows, want in ((1, "p4_s2048"), (sms // 2, "p4_s2048"), (sms // 2 + 1, "r8_s2048"),
-                       (sms, "r8_s2048"), (sms + 1, "d16_s2048"), (4 * sms, "d16_s2048")):
-        assert dsa_ext._C.stable_topk_variant(4, rows, 2048, 2048, True, dev) == want, rows
+    for rows in (1, sms // 2, sms, sms + 1, 4 * sms):
+        assert dsa_ext._C.stable_topk_variant(4, rows, 2048, 2048, True, dev) == "r8_rank4096"
+        assert dsa_ext._C.stable_topk_variant(2, rows, 2048, 2048, True, dev) == "r4_rank4096"
         unsorted = "d16_u" if rows > sms else "r8_u"
         assert dsa_ext._C.stable_topk_variant(4, rows, 2048, 2048, False, dev) == unsorted
+    for rows, want in ((1, "p8_s2048"), (sms // 2, "p8_s2048"), (sms // 2 + 1, "r16_s2048"),
+                       (4 * sms, "r16_s2048")):
+        assert dsa_ext._C.stable_topk_variant(8, rows, 2048, 2048, True, dev) == want, rows
     for rows, want in ((1, "r4_u"), (sms, "r4_u"), (sms + 1, "d8_u"), (4 * sms, "d8_u")):
         assert dsa_ext._C.stable_topk_variant(2, rows, 2048, 2048, False, dev) == want, rows
-    # Sorting at W = 2: one CTA of 4 keys per thread, 2 CTAs per SM past the SMs, 3 CTAs
-    # of 8 keys per SM past twice the SMs.
-    for rows, want in ((1, "r4_s2048"), (sms, "r4_s2048"), (sms + 1, "d16_s2048"),
-                       (2 * sms, "d16_s2048"), (2 * sms + 1, "d8_s2048"), (8 * sms, "d8_s2048")):
-        assert dsa_ext._C.stable_topk_variant(2, rows, 2048, 2048, True, dev) == want, rows
+    # Larger k: the rank sort of twice next_pow2(k), capped at the row; streamed rows.
+    for W, K, k, want in ((4, 4096, 8192, "g_rank16384"), (4, 512, 512, "r4_rank1024"),
+                          (4, 1024, 1024, "r4_rank2048"), (4, 8192, 16384, "g_s16384")):
+        assert dsa_ext._C.stable_topk_variant(W, 64, K, k, True, dev) == want, (W, K, k)
     # The default order has no sort-size limit: W = 8 pairs hold 16 chunks, streamed past.
     for W, K, k, want in ((8, 2048, 16384, "p8_u"), (16, 2048, 5000, "g_u"),
                           (1, 40000, 20000, "g_u")):
@@ -829,18 +833,23 @@ def check_forced_variant(variant: str, W: int, K: int, k: int, kind: str, sorted
 SORTING_VARIANTS = [("d8_s512", 2, 2048), ("d8_s2048", 2, 2048), ("d16_s1024", 4, 2048),
                     ("r4_s512", 4, 1024), ("r4_s2048", 2, 2048), ("p4_s2048", 4, 1000),
                     ("p4_s4096", 4, 2048), ("p8_s2048", 8, 1000), ("r8_s4096", 4, 2048),
-                    ("r16_s2048", 8, 2048), ("g_s1024", 8, 3000)]
+                    ("r16_s2048", 8, 2048), ("g_s1024", 8, 3000),
+                    ("r4_rank512", 4, 1024), ("r4_rank4096", 2, 2048), ("r8_rank2048", 4, 2048),
+                    ("r8_rank8192", 4, 2048), ("g_rank8192", 8, 3000), ("g_rank16384", 8, 3000)]
 
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
 @pytest.mark.parametrize("variant,W,K", SORTING_VARIANTS)
-@pytest.mark.parametrize("kind", ["random", "ties", "pair_copies", "threshold_copies"])
+@pytest.mark.parametrize("kind", ["random", "ties", "bf16", "shortfall", "pair_copies",
+                                  "threshold_copies"])
 def test_sorting_variants_match_reference(variant, W, K, kind):
     """Each sorting kind, forced, equals the reference (descending): the select stops when
     the candidates fit the sort, or on a bin of copies of the k-th key (found equal before
-    all 64 bits, one CTA or a pair), whose copies are then taken as needed."""
-    size = int(variant.split("_s")[1])
+    all 64 bits, one CTA or a pair), whose copies are then taken as needed. A rank sort
+    bins about one key a bin (random), a few (bf16: equal scores), or falls back to its
+    bitonic sort when the bins crowd (ties)."""
+    size = int(variant.rsplit("_", 1)[1].removeprefix("rank").removeprefix("s"))
     check_forced_variant(variant, W, K, min(W * K - 3, size - 5), kind, sorted=True)
 
 

@@ -14,7 +14,7 @@ namespace dsa {
 //! Version of the kernel parameter layout the launchers pass (cute_dsl_aot/variants.py's
 //! ABI_VERSION, written into each manifest). The generated table static_asserts that its
 //! manifests carry this version, so cubins exported for another layout fail the build.
-constexpr int kCubinAbiVersion = 4;
+constexpr int kCubinAbiVersion = 5;
 
 //! One exported kernel variant for one arch (generated table entry).
 struct EmbeddedKernel {
@@ -29,6 +29,8 @@ struct EmbeddedKernel {
   int64_t sort_size;        // stable_topk: keys the sort orders (S; 0: position order)
   int64_t keys_per_thread;  // stable_topk: register slots per thread (0: row streamed)
   unsigned ctas_per_sm;     // stable_topk: CTAs the kernel is compiled to fit on one SM
+  bool ranked;              // stable_topk: sorts by rank, run with sort_size = the
+                            // launcher's preferred S (else a bitonic sort of any S >= 2^m)
 };
 
 extern const EmbeddedKernel kEmbeddedKernels[];
