@@ -95,8 +95,10 @@ def smem_bytes(v: Variant) -> int:
 #: Fastest first within each kind; the launcher takes the first that fits the shape:
 #: pairs only while 2 x rows fit the SMs, 2 CTAs per SM only once the rows outnumber the
 #: SMs (3 per SM: for a sort, twice over), keys in registers when the row's (segment,
-#: chunk) pairs fit, else streamed. Sorting variants: the smallest S with
-#: next_pow2(min(k, N)) <= S. H200 (132 SMs), k = K = 2048 unless named, graph us:
+#: chunk) pairs fit, else streamed. Sorting: the rank variant (see _RANKED) of exactly
+#: the launcher's S where one holds the row, else the bitonic variant of the smallest S
+#: with next_pow2(min(k, N)) <= S. The notes below are the bitonic sorts' (measured
+#: before the rank sorts took W <= 4). H200 (132 SMs), k = K = 2048 unless named, graph us:
 #: - A pair sorts with 4 keys per thread: each CTA sorts half the keys, and twice the
 #:   sorting warps of 8 keys per thread hide more latency (64 rows: 14.6 against 15.2).
 #: - d16 (512 threads, 2 CTAs per SM) against r8, W = 4, sorting: 132 rows +7%, 200 rows
