@@ -583,6 +583,21 @@ def test_hypothesis_cuda(rows, n, k, data):
     check(_random_keys(rows, n, data), k, "cuda")
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
+@given(rows=st.integers(1, 4), n=st.integers(1, 70), k=st.integers(1, 90), data=st.data(),
+       variant=st.sampled_from(["r4_rank512", "g_rank8192"]))
+def test_hypothesis_rank_sort_cuda(rows, n, k, data, variant):
+    """The rank sort, forced (registers or streamed), on any scores and ids: its bins span
+    whatever range the keys take (signs, infinities, NaNs), and rows whose keys crowd one
+    bin (equal scores) take its bitonic fallback."""
+    keys = _random_keys(rows, n, data)
+    want = reference.stable_topk_from_candidates(keys, k, sorted=True)
+    with forced_topk_variant(variant):
+        got = run(keys, k, "cuda", sorted=True)
+    check_equal(got, want, variant=variant, k=k)
+
+
 # ---------------------------------------------------------------------------------------
 # Errors, torch.compile, graphs, host syncs
 # ---------------------------------------------------------------------------------------
