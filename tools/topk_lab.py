@@ -1,7 +1,7 @@
 """GPU lab of the stable top-K: both orders against the reference on many shapes, then
 graph-replay timings of the default order and of sorted=True per variant.
 
-    python tools/topk_lab.py [--json OUT.json] [--quick]
+    python tools/topk_lab.py [--json OUT.json] [--quick] [--variants]
 
 1. Correctness: random, tied, shortfall and threshold-copy rows over W in {1, 2, 4, 8,
    16}, K from 1 to 40000, k from 1 past N, rows that pick every variant (CTA pairs, one
@@ -11,7 +11,10 @@ graph-replay timings of the default order and of sorted=True per variant.
    copies so that replays do not run from a warm L2): the peer's shapes, k = K = 2048 for
    W in {2, 4, 8} and rows in {1, 64, 256, 1024}, and k = K in {512, 1024} at W = 4, 64
    rows, and each side of the launcher's variant boundaries (pairs / one CTA / two CTAs
-   per SM) at W = 4; each row gives the variant run and both orders' times.
+   per SM) at W = 4; each row gives the variant run and both orders' times. With
+   ``--variants``, also every exported sorting variant that can run the row (bitonic
+   ``*_s{S}`` and rank ``*_rank{S}``), forced, its time and whether its ids equal the
+   launcher's choice's.
 Exit code 1 on any mismatch.
 """
 from __future__ import annotations
@@ -89,7 +92,35 @@ def correctness(quick: bool) -> list:
     return failures
 
 
-def timing() -> list:
+SORT_KINDS = ("d8", "d16", "r4", "p4", "p8", "r8", "r16", "g")
+SORT_SIZES = (512, 1024, 2048, 4096, 8192, 16384)
+
+
+def forced_sorting_times(calls: list, outs: list) -> dict:
+    """{variant: (us, ids equal to the launcher's choice's)} for every exported sorting
+    variant that can run the shape of `calls` (forced, sorted=True)."""
+    want = outs[0].clone()
+    times = {}
+    for name in (f"{kind}_{tag}{size}" for kind in SORT_KINDS for size in SORT_SIZES
+                 for tag in ("s", "rank")):
+        try:
+            dsa_ext._C.set_stable_topk_variant_override(name)
+        except ValueError:  # not exported
+            continue
+        try:
+            outs[0].fill_(7)
+            calls[0]()
+            torch.cuda.synchronize()
+        except (ValueError, RuntimeError):  # cannot run this shape
+            continue
+        else:
+            times[name] = (round(graph_us(calls), 2), bool(torch.equal(outs[0], want)))
+        finally:
+            dsa_ext._C.set_stable_topk_variant_override("")
+    return times
+
+
+def timing(variants: bool) -> list:
     dev = torch.cuda.current_device()
     g = torch.Generator().manual_seed(2)
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
@@ -110,6 +141,8 @@ def timing() -> list:
             calls = [lambda c=c, o=o, s=order: dsa_ext.stable_topk_from_candidates(
                 c, k, out=o, sorted=s) for c, o in zip(inputs, outs)]
             row[f"{name}_us"] = round(graph_us(calls), 2)
+            if order and variants:
+                row["sorted_forced"] = forced_sorting_times(calls, outs)
         row["sorted_over_default"] = round(row["sorted_us"] / row["default_us"], 2)
         row["default_ns_per_row"] = round(1000 * row["default_us"] / rows, 1)
         print(row, flush=True)
@@ -121,12 +154,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--quick", action="store_true", help="fewer correctness rows")
+    parser.add_argument("--variants", action="store_true",
+                        help="also time every sorting variant, forced")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("needs a CUDA device", file=sys.stderr)
         return 2
     failures = correctness(args.quick)
-    report = dict(device=torch.cuda.get_device_name(), failures=failures, timing=timing())
+    report = dict(device=torch.cuda.get_device_name(), failures=failures,
+                  timing=timing(args.variants))
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(report, fh, indent=1)

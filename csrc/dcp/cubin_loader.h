@@ -29,8 +29,8 @@ struct EmbeddedKernel {
   int64_t sort_size;        // stable_topk: keys the sort orders (S; 0: position order)
   int64_t keys_per_thread;  // stable_topk: register slots per thread (0: row streamed)
   unsigned ctas_per_sm;     // stable_topk: CTAs the kernel is compiled to fit on one SM
-  bool ranked;              // stable_topk: sorts by rank, run with sort_size = the
-                            // launcher's preferred S (else a bitonic sort of any S >= 2^m)
+  bool ranked;              // stable_topk: a rank sort, run only where sort_size is the
+                            // launcher's S for it (else a bitonic sort, of any S that fits)
 };
 
 extern const EmbeddedKernel kEmbeddedKernels[];
