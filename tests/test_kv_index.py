@@ -142,7 +142,9 @@ def conversion_cases(draw):
     K = draw(st.one_of(st.integers(1, 300), st.sampled_from([2048, 2049, 4096, 8192])))
     T = draw(st.integers(1, max(1, 4096 // K + 1)))
     R = draw(st.integers(1, 6))
-    NB = draw(st.integers(1, 40))
+    # The CUDA kernels copy tables of up to 2048 columns into shared memory: 2049 is read
+    # from global memory.
+    NB = draw(st.one_of(st.integers(1, 40), st.sampled_from([2048, 2049])))
     seed = draw(st.integers(0, 2**31))
     g = torch.Generator().manual_seed(seed)
     table_full = torch.randint(-1, 1 << 20, (R, NB + 3), generator=g, dtype=I32)
@@ -346,17 +348,31 @@ def test_plan_override_takes_only_built_plans():
 @pytest.mark.cuda
 def test_plans_by_shape():
     from dsa_ext import _C
-    plan = _C.convert_index_plan  # (columns per thread, CTAs per row, or threads of one CTA)
-    assert tuple(plan(1, 2048, False, 0)) == (1, 8, 0)
-    assert tuple(plan(1, 2048, True, 0)) == (1, 8, 0)
-    assert tuple(plan(16, 8192, True, 0)) == (8, 4, 0)  # counted rows: at most 4 parts
-    assert tuple(plan(64, 2048, True, 0)) == (8, 1, 0)  # one CTA a row: no exchange
-    assert tuple(plan(16, 2048, True, 0)) == (2, 4, 0)
-    assert tuple(plan(24, 2048, True, 0)) == (8, 1, 0)
-    assert tuple(plan(1 << 14, 2048, True, 0)) == (8, 1, 0)
-    assert tuple(plan(1 << 14, 100, True, 0)) == (1, 1, 0)
-    assert tuple(plan(1 << 14, 8192, True, 0)) == (0, 1, 256)  # many rows: no exchange
-    assert tuple(plan(4, 1 << 15, True, 0)) == (0, 1, 256)  # past one cluster's tiles
+
+    def plan(rows, cols, counts, stage_tokens=0):
+        # (columns per thread, CTAs per row, or threads of one CTA; table staged)
+        return tuple(_C.convert_index_plan(rows, cols, counts, stage_tokens, 0))
+
+    assert plan(1, 2048, False) == (1, 8, 0, 0)
+    assert plan(1, 2048, True) == (1, 8, 0, 0)
+    assert plan(16, 8192, True) == (8, 4, 0, 0)  # counted rows: at most 4 parts
+    assert plan(64, 2048, True) == (8, 1, 0, 0)  # one CTA a row: no exchange
+    assert plan(16, 2048, True) == (2, 4, 0, 0)
+    assert plan(24, 2048, True) == (8, 1, 0, 0)
+    assert plan(1 << 14, 2048, True) == (8, 1, 0, 0)
+    assert plan(1 << 14, 2048, False) == (4, 2, 0, 0)
+    assert plan(1 << 14, 100, True) == (1, 1, 0, 0)
+    assert plan(1 << 14, 8192, True) == (0, 1, 256, 0)  # many rows: no exchange
+    assert plan(4, 1 << 15, True) == (0, 1, 256, 0)  # past one cluster's tiles
+    # A table of 2048 columns (W = 1) is staged by CTAs of 2048 columns, which many rows
+    # without counts then take too; at W = 4 (8192 tokens to pay) it is not.
+    assert plan(1 << 14, 2048, True, 2048) == (8, 1, 0, 1)
+    assert plan(1 << 14, 2048, False, 2048) == (8, 1, 0, 1)
+    assert plan(64, 2048, True, 2048) == (8, 1, 0, 1)
+    assert plan(16, 2048, True, 2048) == (2, 4, 0, 0)
+    assert plan(1 << 14, 2048, False, 8192) == (4, 2, 0, 0)
+    assert plan(1 << 14, 512, True, 512) == (2, 1, 0, 1)  # the CTA holds the whole row
+    assert plan(1 << 14, 512, True, 2048) == (2, 1, 0, 0)
 
 
 @pytest.mark.cuda

@@ -27,11 +27,38 @@ DSA_HD PagedSlot direct_slot(int64_t slot) {
   return src;
 }
 
+/*!
+ * \brief The block-table entry `row[index]` when `load`, else `fallback` (no load then), as
+ *        one predicated load that asks L2 to keep the line (evict-last).
+ * \note  Every token of a row gathers from its request's table row, and a request's rows
+ *        come back through the batch, while token ids and slots pass through once
+ *        (streamed, evict-first): on large batches they would otherwise push the table out
+ *        of L2 between a request's rows and every gather would go to DRAM again.
+ */
+DSA_HD int32_t load_table_entry(bool load, const int32_t* row, int64_t index,
+                                int32_t fallback) {
+#if defined(__CUDA_ARCH__)
+  uint64_t keep;
+  asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(keep));
+  int32_t v = fallback;
+  // volatile: never hoisted above the kernel's wait for the previous kernel (the table may
+  // be its output). The predicate is inside: no branch, and no load of an unchecked index.
+  asm volatile(
+      "{\n .reg .pred q;\n setp.ne.b32 q, %2, 0;\n @q ld.global.nc.L2::cache_hint.b32 %0, "
+      "[%1], %3;\n}"
+      : "+r"(v)
+      : "l"(__cvta_generic_to_global(row + index)), "r"(static_cast<int>(load)), "l"(keep));
+  return v;
+#else
+  return load ? row[index] : fallback;
+#endif
+}
+
 //! The entry `src` needs from a block-table row with column stride `col_stride` (0 when
 //! src.block < 0: no load).
 DSA_HD int32_t paged_slot_entry(const PagedSlot& src, const int32_t* table_row,
                                 int64_t col_stride) {
-  return src.block >= 0 ? load_read_only(table_row + src.block * col_stride) : 0;
+  return load_table_entry(src.block >= 0, table_row, src.block * col_stride, 0);
 }
 
 /*!

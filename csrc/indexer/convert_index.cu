@@ -37,6 +37,9 @@ constexpr int kRowMinBlocks = 3;  // CTAs per SM the row kernels keep registers 
 constexpr int kWideSplitMinBlocks = 6;
 //! Largest portable cluster: a split row has at most this many parts.
 constexpr int kMaxParts = 8;
+//! Longest block-table row the split kernels copy into shared memory (8 KB: 128K tokens of
+//! 64-token blocks); a longer table is gathered from global memory.
+constexpr int kStagedBlocks = 2048;
 
 /*!
  * \brief One tile of one row in registers: the slots, and (when counting) the ballots of
@@ -98,12 +101,46 @@ __device__ __forceinline__ void load_tile(const int32_t* in, int32_t live, int64
 
 //! Token ids -> slots (convert_tokens). kDenseTable: the table's column stride is known to
 //! be 1. kExact: an invalid slot is -1 (written in place), else any negative value (the
-//! compacting stores test slot >= 0 only).
-template <int kThreads, int kItems, bool kDenseTable, bool kPow2, bool kExact>
+//! compacting stores test slot >= 0 only). kStaged: a decode row's table is in shared
+//! memory (stage_table_row).
+template <int kThreads, int kItems, bool kDenseTable, bool kPow2, bool kExact,
+          bool kStaged = false>
 __device__ __forceinline__ void convert_loaded(const ConvertIndexArgs& a, const ConvertRow& row,
                                                Tile<kThreads, kItems>& tile) {
-  convert_tokens<kPow2, true, kExact>(a, row, tile.slot,
-                                      kDenseTable ? 1 : a.block_table.col_stride);
+  convert_tokens<kPow2, true, kExact, kStaged>(a, row, tile.slot,
+                                               kDenseTable ? 1 : a.block_table.col_stride);
+}
+
+/*!
+ * \brief Copies a decode row's block-table row (dense, at most kStagedBlocks entries) into
+ *        `staged` and points the row at the copy. Block-wide: every thread calls it, and the
+ *        copy is readable when it returns.
+ * \note  Every token of a row gathers one entry of its table row: 32 scattered addresses
+ *        a warp, which L1 serves one cache line at a time (about 25 lines for a 2048-entry
+ *        row), so on large batches the gathers, not DRAM, set the pace. The copy is
+ *        coalesced, and a warp's 32 gathers from shared memory cost a few bank conflicts.
+ *        Its loads depend on the request id only, not on the token ids, so they overlap the
+ *        tile's loads.
+ */
+template <int kThreads>
+__device__ __forceinline__ void stage_table_row(ConvertRow& row, int32_t* staged) {
+  constexpr int kPer = kStagedBlocks / kThreads;
+  // A workspace row or an invalid request has no blocks (ConvertRow's defaults).
+  const uint32_t n = row.blocks;
+  const uint32_t i = threadIdx.x;
+  int32_t entry[kPer];
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    entry[j] = load_table_entry(i + j * kThreads < n, row.table_row, i + j * kThreads, 0);
+  }
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    if (i + j * kThreads < n) staged[i + j * kThreads] = entry[j];
+  }
+  __syncthreads();
+  // Unconditionally, so that the compiler sees a shared-memory pointer (LDS, not generic
+  // loads): a row without blocks reads no entry.
+  row.table_row = staged;
 }
 
 /*!
@@ -189,10 +226,11 @@ __device__ __forceinline__ void count_tile(Tile<kThreads, kItems>& tile, int* ru
 /*!
  * \brief `*p = v` when v >= 0, as one predicated store: the compiler would otherwise sink
  *        the position's arithmetic under a branch per column (BSSY / BRA / BSYNC each).
+ *        Streamed (evict-first), like every slot store: the block table keeps its L2 lines.
  */
 __device__ __forceinline__ void store_if_valid(int32_t* p, int32_t v) {
   asm volatile(
-      "{\n .reg .pred p;\n setp.ge.s32 p, %1, 0;\n @p st.global.b32 [%0], %1;\n}" ::"l"(
+      "{\n .reg .pred p;\n setp.ge.s32 p, %1, 0;\n @p st.global.cs.b32 [%0], %1;\n}" ::"l"(
           __cvta_generic_to_global(p)),  // st.global takes a global address (no SASS cost)
       "r"(v)
       : "memory");
@@ -226,7 +264,9 @@ __device__ __forceinline__ void store_in_place(const Tile<kThreads, kItems>& til
   int32_t* mine = address_base(out + (kDense ? i : i * out_stride));
 #pragma unroll
   for (int j = 0; j < kItems; ++j) {
-    if (j * kThreads < left) mine[kDense ? j * kThreads : j * kThreads * out_stride] = tile.slot[j];
+    if (j * kThreads < left) {
+      __stcs(mine + (kDense ? j * kThreads : j * kThreads * out_stride), tile.slot[j]);
+    }
   }
 }
 
@@ -247,7 +287,9 @@ __device__ __forceinline__ void fill_columns(int32_t from, int32_t live, int32_t
     const int32_t above = i - from;  // column c = i + j * kThreads is filled when >= from
 #pragma unroll
     for (int j = 0; j < kItems; ++j) {
-      if (above >= -j * kThreads) mine[kDense ? j * kThreads : j * kThreads * out_stride] = -1;
+      if (above >= -j * kThreads) {
+        __stcs(mine + (kDense ? j * kThreads : j * kThreads * out_stride), -1);
+      }
     }
     return;
   }
@@ -255,7 +297,9 @@ __device__ __forceinline__ void fill_columns(int32_t from, int32_t live, int32_t
   const uint32_t n = static_cast<uint32_t>(live - from);
 #pragma unroll
   for (int j = 0; j < kItems; ++j) {
-    if (base + j * kThreads < n) mine[kDense ? j * kThreads : j * kThreads * out_stride] = -1;
+    if (base + j * kThreads < n) {
+      __stcs(mine + (kDense ? j * kThreads : j * kThreads * out_stride), -1);
+    }
   }
 }
 
@@ -269,12 +313,14 @@ __device__ __forceinline__ void fill_columns(int32_t from, int32_t live, int32_t
  * aliases the input is written only after every part of the row has read its tile: a part
  * sends its count only once its tile's loads have returned.
  */
-template <int kItems, bool kCompact, bool kDense, bool kCluster, bool kPow2>
+template <int kItems, bool kCompact, bool kDense, bool kCluster, bool kPow2, bool kStaged>
 __device__ __forceinline__ void convert_split(const ConvertIndexArgs& a, const FastDiv by_parts) {
   constexpr int kThreads = kSplitThreads;
   constexpr int kRuns = Tile<kThreads, kItems>::kRuns;
   constexpr int32_t kTile = kThreads * kItems;
+  static_assert(!kStaged || (kDense && kPow2), "decode_slots reads the staged table");
   __shared__ __align__(16) int run_offset[kRuns + 1];
+  __shared__ int32_t staged_table[kStaged ? kStagedBlocks : 1];
   __shared__ uint32_t part_count[kMaxParts];  // the other parts' counts, pushed
   __shared__ uint64_t counts_landed;
   const int parts = static_cast<int>(by_parts.d);
@@ -300,7 +346,9 @@ __device__ __forceinline__ void convert_split(const ConvertIndexArgs& a, const F
   // Every load before the row lookup.
   load_tile<kThreads, kItems, kDense>(
       a.token_indices.row(t) + (kDense ? first : first * in_stride), live, in_stride, tile);
-  convert_loaded<kThreads, kItems, kDense, kPow2, !kCompact>(a, convert_row(a, t), tile);
+  ConvertRow row = convert_row(a, t);
+  if constexpr (kStaged) stage_table_row<kThreads>(row, staged_table);
+  convert_loaded<kThreads, kItems, kDense, kPow2, !kCompact, kStaged>(a, row, tile);
   if constexpr (!kCluster) {
     store_in_place<kThreads, kItems, kDense>(tile, live, out_tile, out_stride);
   } else {
@@ -336,10 +384,10 @@ __device__ __forceinline__ void convert_split(const ConvertIndexArgs& a, const F
   }
 }
 
-template <int kItems, bool kCompact, bool kDense, bool kCluster, bool kPow2>
+template <int kItems, bool kCompact, bool kDense, bool kCluster, bool kPow2, bool kStaged>
 __global__ void __launch_bounds__(kSplitThreads)
     convert_split_kernel(const ConvertIndexArgs a, const FastDiv by_parts) {
-  convert_split<kItems, kCompact, kDense, kCluster, kPow2>(a, by_parts);
+  convert_split<kItems, kCompact, kDense, kCluster, kPow2, kStaged>(a, by_parts);
 }
 
 /*!
@@ -350,10 +398,10 @@ __global__ void __launch_bounds__(kSplitThreads)
  *        122 us). The narrower tiles keep the compiler's own choice (32 registers for 4
  *        columns; bounds made it 39 or spill, and T = 256 slower).
  */
-template <bool kCompact, bool kDense, bool kCluster, bool kPow2>
+template <bool kCompact, bool kDense, bool kCluster, bool kPow2, bool kStaged>
 __global__ void __launch_bounds__(kSplitThreads, kWideSplitMinBlocks)
     convert_split_wide_kernel(const ConvertIndexArgs a, const FastDiv by_parts) {
-  convert_split<8, kCompact, kDense, kCluster, kPow2>(a, by_parts);
+  convert_split<8, kCompact, kDense, kCluster, kPow2, kStaged>(a, by_parts);
 }
 
 /*!
@@ -406,7 +454,7 @@ __global__ void __launch_bounds__(kThreads, kRowMinBlocks)
     }
     if constexpr (kCompact) {
       for (int64_t c = row_count + threadIdx.x; c < K; c += kThreads) {
-        out[(kDense ? c : c * out_stride)] = -1;
+        __stcs(out + (kDense ? c : c * out_stride), -1);
       }
     }
     if (threadIdx.x == 0 && a.valid_counts.present()) {
@@ -418,27 +466,40 @@ __global__ void __launch_bounds__(kThreads, kRowMinBlocks)
 std::atomic<int> g_plan_override{-1};
 
 //! The split kernel of kItems-column tiles.
-template <int kItems, bool kCompact, bool kDense, bool kCluster, bool kPow2>
+template <int kItems, bool kCompact, bool kDense, bool kCluster, bool kPow2, bool kStaged>
 constexpr auto split_kernel() {
   if constexpr (kItems == 8) {
-    return convert_split_wide_kernel<kCompact, kDense, kCluster, kPow2>;
+    return convert_split_wide_kernel<kCompact, kDense, kCluster, kPow2, kStaged>;
   } else {
-    return convert_split_kernel<kItems, kCompact, kDense, kCluster, kPow2>;
+    return convert_split_kernel<kItems, kCompact, kDense, kCluster, kPow2, kStaged>;
   }
 }
 
-template <int kItems, bool kCompact, bool kDense, bool kPow2>
+template <int kItems, bool kCompact, bool kDense, bool kPow2, bool kStaged>
 void launch_split(const ConvertIndexArgs& a, int parts, bool cluster, cudaStream_t stream) {
   const unsigned grid = static_cast<unsigned>(a.token_indices.rows * parts);
   const FastDiv by_parts(static_cast<uint32_t>(parts));
   if (cluster) {
-    launch_clustered_kernel(split_kernel<kItems, kCompact, kDense, true, kPow2>(), grid,
+    launch_clustered_kernel(split_kernel<kItems, kCompact, kDense, true, kPow2, kStaged>(), grid,
                             kSplitThreads, parts, 0, stream, "convert_index kernel launch", a,
                             by_parts);
   } else {
-    launch_kernel(split_kernel<kItems, false, kDense, false, kPow2>(), grid, kSplitThreads,
-                  stream, "convert_index kernel launch", a, by_parts);
+    launch_kernel(split_kernel<kItems, false, kDense, false, kPow2, kStaged>(), grid,
+                  kSplitThreads, stream, "convert_index kernel launch", a, by_parts);
   }
+}
+
+//! launch_split, the table staged where the plan says so (only where stage_tokens allowed
+//! it: dense, power-of-two arithmetic).
+template <int kItems, bool kCompact, bool kDense, bool kPow2>
+void launch_split(const ConvertIndexArgs& a, const ConvertPlan& plan, bool cluster,
+                  cudaStream_t stream) {
+  if constexpr (kDense && kPow2) {
+    if (plan.staged) {
+      return launch_split<kItems, kCompact, kDense, kPow2, true>(a, plan.parts, cluster, stream);
+    }
+  }
+  launch_split<kItems, kCompact, kDense, kPow2, false>(a, plan.parts, cluster, stream);
 }
 
 template <bool kCompact, bool kDense, bool kPow2>
@@ -446,10 +507,10 @@ void launch_plan(const ConvertIndexArgs& a, const ConvertPlan& plan, cudaStream_
   if (plan.split_items > 0) {
     const bool cluster = kCompact || a.valid_counts.present();
     switch (plan.split_items) {
-      case 1: return launch_split<1, kCompact, kDense, kPow2>(a, plan.parts, cluster, stream);
-      case 2: return launch_split<2, kCompact, kDense, kPow2>(a, plan.parts, cluster, stream);
-      case 4: return launch_split<4, kCompact, kDense, kPow2>(a, plan.parts, cluster, stream);
-      default: return launch_split<8, kCompact, kDense, kPow2>(a, plan.parts, cluster, stream);
+      case 1: return launch_split<1, kCompact, kDense, kPow2>(a, plan, cluster, stream);
+      case 2: return launch_split<2, kCompact, kDense, kPow2>(a, plan, cluster, stream);
+      case 4: return launch_split<4, kCompact, kDense, kPow2>(a, plan, cluster, stream);
+      default: return launch_split<8, kCompact, kDense, kPow2>(a, plan, cluster, stream);
     }
   }
   const unsigned grid = static_cast<unsigned>(
@@ -464,9 +525,21 @@ void launch_plan(const ConvertIndexArgs& a, const ConvertPlan& plan, cudaStream_
                   : launch_plan<kCompact, kDense, false>(a, plan, stream);
 }
 
+//! Where the table can be staged: the fewest token columns a CTA needs for staging to pay,
+//! the table's columns times the DCP world size (about one local token per staged entry:
+//! with fewer, the copy costs more than the gathers it replaces); 0 where it cannot be
+//! (a strided table or token ids, arithmetic that is not a power of two, or a table wider
+//! than kStagedBlocks).
+int64_t stage_tokens(const ConvertIndexArgs& a, bool dense) {
+  if (!dense || !convert_pow2(a) || a.block_table.cols > kStagedBlocks) return 0;
+  const int64_t cols = a.block_table.cols > 1 ? a.block_table.cols : 1;
+  return cols * a.dcp.world;
+}
+
 }  // namespace
 
-ConvertPlan convert_plan(int64_t rows, int64_t cols, int64_t sms, bool counts) {
+ConvertPlan convert_plan(int64_t rows, int64_t cols, int64_t sms, bool counts,
+                         int64_t stage_tokens) {
   ConvertPlan plan;
   const int forced = g_plan_override.load(std::memory_order_relaxed);
   // Columns per thread, from the H200 sweeps against vLLM (RESULTS.md): the fewer the rows,
@@ -474,10 +547,12 @@ ConvertPlan convert_plan(int64_t rows, int64_t cols, int64_t sms, bool counts) {
   // an eighth of the SMs: a K = 2048 row is then one CTA and needs no cluster exchange
   // (T = 32 / 64 / 256: 2.57 / 2.75 / 3.64 us with 2 / 2 / 4 columns, 2.35 / 2.42 / 3.08
   // with 8; T = 16 ties). Without counts 4 win on many rows (K = 2048, T = 1024 / 16384:
-  // 8.0 / 112 us against 8.2 / 117), and rows past 8 parts of 4 still take 8 below.
+  // 8.0 / 112 us against 8.2 / 117), unless 8 stage the table (T = 4096 / 16384: 20.6 /
+  // 84.4 against 24.6 / 103.8), and rows past 8 parts of 4 still take 8 below.
+  const bool stage_wide = stage_tokens > 0 && stage_tokens <= kSplitThreads * 8;
   int items = rows * (counts ? 64 : 8) <= sms ? 1
               : rows * (counts ? 8 : 2) <= sms ? 2
-              : counts                        ? 8
+              : counts || stage_wide          ? 8
                                               : 4;
   if (forced >= 0) items = forced;
   // Counted rows pay a cluster exchange per part: past a few rows, at most 4 parts.
@@ -493,6 +568,7 @@ ConvertPlan convert_plan(int64_t rows, int64_t cols, int64_t sms, bool counts) {
     if (parts <= kMaxParts && rows * parts <= kMaxGridX && exchange_pays) {
       plan.split_items = items;
       plan.parts = static_cast<int>(parts);
+      plan.staged = stage_tokens > 0 && (tile < cols ? tile : cols) >= stage_tokens;
       return plan;
     }
   }
@@ -508,21 +584,22 @@ void set_convert_plan_override(int64_t code) {
   g_plan_override.store(static_cast<int>(code), std::memory_order_relaxed);
 }
 
-std::array<int64_t, 3> convert_index_plan(int64_t rows, int64_t cols, bool counts,
-                                          int64_t device) {
+std::array<int64_t, 4> convert_index_plan(int64_t rows, int64_t cols, bool counts,
+                                          int64_t stage_tokens, int64_t device) {
   DeviceGuard guard(device);
-  const ConvertPlan plan = convert_plan(rows, cols, sm_count(device), counts);
-  return {plan.split_items, plan.parts, plan.row_threads};
+  const ConvertPlan plan = convert_plan(rows, cols, sm_count(device), counts, stage_tokens);
+  return {plan.split_items, plan.parts, plan.row_threads, plan.staged};
 }
+
 
 void convert_index_cuda(const ConvertIndexArgs& a, const Place& place) {
   if (a.token_indices.rows == 0 || a.token_indices.cols == 0) return;
   DeviceGuard guard(place.device);
-  const ConvertPlan plan =
-      convert_plan(a.token_indices.rows, a.token_indices.cols, sm_count(place.device),
-                   a.compact || a.valid_counts.present());
   const bool dense = a.token_indices.col_stride == 1 && a.out.col_stride == 1 &&
                      a.block_table.col_stride == 1;
+  const ConvertPlan plan =
+      convert_plan(a.token_indices.rows, a.token_indices.cols, sm_count(place.device),
+                   a.compact || a.valid_counts.present(), stage_tokens(a, dense));
   const cudaStream_t stream = place.cuda_stream();
   if (a.compact) {
     dense ? launch_plan<true, true>(a, plan, stream) : launch_plan<true, false>(a, plan, stream);

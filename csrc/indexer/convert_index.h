@@ -171,9 +171,10 @@ inline bool convert_pow2(const ConvertIndexArgs& a) {
  *   32-bit value is not negative.
  *
  * kExact false: an invalid slot is some negative value, not necessarily -1 (the compacting
- * callers test only slot >= 0); true: exactly -1.
+ * callers test only slot >= 0); true: exactly -1. kSharedTable: row.table_row is a copy of
+ * the row's table in shared memory (convert_index.cu stages it), column stride 1.
  */
-template <bool kWorldOne, bool kExact, int N>
+template <bool kWorldOne, bool kExact, bool kSharedTable, int N>
 DSA_HD void decode_slots(const ConvertIndexArgs& a, const ConvertRow& row, int32_t (&slot)[N],
                          int64_t table_stride) {
   const uint32_t lb = a.by_block_size.l, lw = kWorldOne ? 0u : a.dcp.by_world.l;
@@ -199,8 +200,12 @@ DSA_HD void decode_slots(const ConvertIndexArgs& a, const ConvertRow& row, int32
     const uint32_t blk = local >> lb;
     within[j] = local & bs_mask;
     const bool valid = blk < blocks && (kWorldOne || ((p ^ owner_bits) & owner_mask) == 0u);
-    entry[j] = valid ? load_read_only(row.table_row + static_cast<int64_t>(blk) * table_stride)
-                     : -1;
+    if constexpr (kSharedTable) {
+      entry[j] = valid ? row.table_row[blk] : -1;
+    } else {
+      entry[j] =
+          load_table_entry(valid, row.table_row, static_cast<int64_t>(blk) * table_stride, -1);
+    }
   }
   const uint32_t stride = static_cast<uint32_t>(a.block_stride);
   const uint32_t past = a.entry_limit + 1u;  // <= 2^31
@@ -224,17 +229,20 @@ DSA_HD void decode_slots(const ConvertIndexArgs& a, const ConvertRow& row, int32
  * decode_slots when kPow2 (convert_pow2), world 1 or not; token_slot<false, true> at world
  * 1 otherwise. It costs code and, for some callers, registers (the per-row top-K's staged
  * conversion does without it). kExact: as decode_slots (the other paths are always exact).
- * The CPU loop calls this with the kernels' template arguments.
+ * kSharedTable: as decode_slots, for decode rows (a workspace row reads no table). The CPU
+ * loop calls this with the kernels' template arguments, the table where it lies.
  */
-template <bool kPow2 = false, bool kUnswitch = false, bool kExact = true, int N>
+template <bool kPow2 = false, bool kUnswitch = false, bool kExact = true,
+          bool kSharedTable = false, int N>
 DSA_HD void convert_tokens(const ConvertIndexArgs& a, const ConvertRow& row, int32_t (&slot)[N],
                            int64_t table_stride) {
+  static_assert(!kSharedTable || (kUnswitch && kPow2), "a staged table is read by decode_slots");
   if constexpr (kUnswitch && kPow2) {
     if (row.workspace_base < 0) {
       if (a.dcp.world == 1) {
-        decode_slots<true, kExact>(a, row, slot, table_stride);
+        decode_slots<true, kExact, kSharedTable>(a, row, slot, table_stride);
       } else {
-        decode_slots<false, kExact>(a, row, slot, table_stride);
+        decode_slots<false, kExact, kSharedTable>(a, row, slot, table_stride);
       }
       return;
     }
@@ -262,11 +270,16 @@ DSA_HD void convert_tokens(const ConvertIndexArgs& a, const ConvertRow& row, int
 struct ConvertPlan {
   int split_items = 0, parts = 1;
   int row_threads = 0;
+  //! The split CTAs copy the row's block table into shared memory and gather from there.
+  bool staged = false;
 };
 
 //! The plan for `rows` x `cols` token ids on a device of `sms` multiprocessors; `counts`:
-//! the rows' valid counts are needed (compaction or valid_counts).
-ConvertPlan convert_plan(int64_t rows, int64_t cols, int64_t sms, bool counts);
+//! the rows' valid counts are needed (compaction or valid_counts); `stage_tokens`: the
+//! fewest token columns a split CTA needs for its table to be staged (0: never), see
+//! convert_index.cu.
+ConvertPlan convert_plan(int64_t rows, int64_t cols, int64_t sms, bool counts,
+                         int64_t stage_tokens);
 
 /*!
  * \brief Tests and tuning: code < 0 lets convert_plan choose (the default); 0 forces one
@@ -276,9 +289,9 @@ ConvertPlan convert_plan(int64_t rows, int64_t cols, int64_t sms, bool counts);
  */
 void set_convert_plan_override(int64_t code);
 
-//! The plan for a shape on CUDA device `device`: (split_items, parts, row_threads).
-std::array<int64_t, 3> convert_index_plan(int64_t rows, int64_t cols, bool counts,
-                                          int64_t device);
+//! The plan for a shape on CUDA device `device`: (split_items, parts, row_threads, staged).
+std::array<int64_t, 4> convert_index_plan(int64_t rows, int64_t cols, bool counts,
+                                          int64_t stage_tokens, int64_t device);
 
 void convert_index_cpu(const ConvertIndexArgs& args);
 void convert_index_cuda(const ConvertIndexArgs& args, const Place& place);
