@@ -361,6 +361,8 @@ def test_plans_by_shape():
     assert plan(24, 2048, True) == (8, 1, 0, 0)
     assert plan(1 << 14, 2048, True) == (8, 1, 0, 0)
     assert plan(1 << 14, 2048, False) == (4, 2, 0, 0)
+    assert plan(64, 2048, False) == (4, 2, 0, 0)  # without counts, 2 columns to T = 33
+    assert plan(32, 2048, False) == (2, 4, 0, 0)
     assert plan(1 << 14, 100, True) == (1, 1, 0, 0)
     assert plan(1 << 14, 8192, True) == (0, 1, 256, 0)  # many rows: no exchange
     assert plan(4, 1 << 15, True) == (0, 1, 256, 0)  # past one cluster's tiles
@@ -369,6 +371,7 @@ def test_plans_by_shape():
     assert plan(1 << 14, 2048, True, 2048) == (8, 1, 0, 1)
     assert plan(1 << 14, 2048, False, 2048) == (8, 1, 0, 1)
     assert plan(64, 2048, True, 2048) == (8, 1, 0, 1)
+    assert plan(64, 2048, False, 2048) == (8, 1, 0, 1)
     assert plan(16, 2048, True, 2048) == (2, 4, 0, 0)
     assert plan(1 << 14, 2048, False, 8192) == (4, 2, 0, 0)
     assert plan(1 << 14, 512, True, 512) == (2, 1, 0, 1)  # the CTA holds the whole row

@@ -548,10 +548,11 @@ ConvertPlan convert_plan(int64_t rows, int64_t cols, int64_t sms, bool counts,
   // (T = 32 / 64 / 256: 2.57 / 2.75 / 3.64 us with 2 / 2 / 4 columns, 2.35 / 2.42 / 3.08
   // with 8; T = 16 ties). Without counts 4 win on many rows (K = 2048, T = 1024 / 16384:
   // 8.0 / 112 us against 8.2 / 117), unless 8 stage the table (T = 4096 / 16384: 20.6 /
-  // 84.4 against 24.6 / 103.8), and rows past 8 parts of 4 still take 8 below.
+  // 84.4 against 24.6 / 103.8), from a quarter of the SMs on (T = 64: 1.74 with 4, 1.72
+  // with 8 staged, 2.00 with 2), and rows past 8 parts of 4 still take 8 below.
   const bool stage_wide = stage_tokens > 0 && stage_tokens <= kSplitThreads * 8;
   int items = rows * (counts ? 64 : 8) <= sms ? 1
-              : rows * (counts ? 8 : 2) <= sms ? 2
+              : rows * (counts ? 8 : 4) <= sms ? 2
               : counts || stage_wide          ? 8
                                               : 4;
   if (forced >= 0) items = forced;
