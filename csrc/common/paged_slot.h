@@ -40,6 +40,8 @@ DSA_HD int32_t load_table_entry(bool load, const int32_t* row, int64_t index,
 #if defined(__CUDA_ARCH__)
   uint64_t keep;
   asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(keep));
+  // An integer address: no pointer arithmetic on a row that may be null (then load is false).
+  const uint64_t address = __cvta_generic_to_global(row) + index * sizeof(int32_t);
   int32_t v = fallback;
   // volatile: never hoisted above the kernel's wait for the previous kernel (the table may
   // be its output). The predicate is inside: no branch, and no load of an unchecked index.
@@ -47,7 +49,7 @@ DSA_HD int32_t load_table_entry(bool load, const int32_t* row, int64_t index,
       "{\n .reg .pred q;\n setp.ne.b32 q, %2, 0;\n @q ld.global.nc.L2::cache_hint.b32 %0, "
       "[%1], %3;\n}"
       : "+r"(v)
-      : "l"(__cvta_generic_to_global(row + index)), "r"(static_cast<int>(load)), "l"(keep));
+      : "l"(address), "r"(static_cast<int>(load)), "l"(keep));
   return v;
 #else
   return load ? row[index] : fallback;

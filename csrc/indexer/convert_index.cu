@@ -37,8 +37,8 @@ constexpr int kRowMinBlocks = 3;  // CTAs per SM the row kernels keep registers 
 constexpr int kWideSplitMinBlocks = 6;
 //! Largest portable cluster: a split row has at most this many parts.
 constexpr int kMaxParts = 8;
-//! Longest block-table row the split kernels copy into shared memory (8 KB: 128K tokens of
-//! 64-token blocks); a longer table is gathered from global memory.
+//! Longest block-table row the split kernels copy into shared memory (8 KB: 128K tokens a
+//! DCP rank in 64-token blocks); a longer table is gathered from global memory.
 constexpr int kStagedBlocks = 2048;
 
 /*!
@@ -139,7 +139,9 @@ __device__ __forceinline__ void stage_table_row(ConvertRow& row, int32_t* staged
   }
   __syncthreads();
   // Unconditionally, so that the compiler sees a shared-memory pointer (LDS, not generic
-  // loads): a row without blocks reads no entry.
+  // loads): a row without blocks reads no entry, and a workspace row none either (its
+  // slots need no block: direct_slot's block is -1, so paged_slot_entry never loads).
+  // n <= kStagedBlocks: the launcher stages only tables that narrow (stage_tokens).
   row.table_row = staged;
 }
 

@@ -230,7 +230,8 @@ DSA_HD void decode_slots(const ConvertIndexArgs& a, const ConvertRow& row, int32
  * 1 otherwise. It costs code and, for some callers, registers (the per-row top-K's staged
  * conversion does without it). kExact: as decode_slots (the other paths are always exact).
  * kSharedTable: as decode_slots, for decode rows (a workspace row reads no table). The CPU
- * loop calls this with the kernels' template arguments, the table where it lies.
+ * loop calls this with the kernels' template arguments but kSharedTable, which is the
+ * device's alone (the staged gathers are the same arithmetic on a copy of the table).
  */
 template <bool kPow2 = false, bool kUnswitch = false, bool kExact = true,
           bool kSharedTable = false, int N>
