@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "numeric.h"  // DSA_HD, load_read_only
+#include "numeric.h"  // DSA_HD
 
 namespace dsa {
 

@@ -131,17 +131,19 @@ __device__ __forceinline__ void stage_table_row(ConvertRow& row, int32_t* staged
   int32_t entry[kPer];
 #pragma unroll
   for (int j = 0; j < kPer; ++j) {
-    entry[j] = load_table_entry(i + j * kThreads < n, row.table_row, i + j * kThreads, 0);
+    const uint32_t c = i + j * kThreads;
+    entry[j] = load_table_entry(c < n, row.table_row, c, 0);
   }
 #pragma unroll
   for (int j = 0; j < kPer; ++j) {
-    if (i + j * kThreads < n) staged[i + j * kThreads] = entry[j];
+    const uint32_t c = i + j * kThreads;
+    if (c < n) staged[c] = entry[j];
   }
   __syncthreads();
   // Unconditionally, so that the compiler sees a shared-memory pointer (LDS, not generic
   // loads): a row without blocks reads no entry, and a workspace row none either (its
   // slots need no block: direct_slot's block is -1, so paged_slot_entry never loads).
-  // n <= kStagedBlocks: the launcher stages only tables that narrow (stage_tokens).
+  // n <= kStagedBlocks: the launcher stages only tables that narrow (tokens_to_stage).
   row.table_row = staged;
 }
 
@@ -491,8 +493,8 @@ void launch_split(const ConvertIndexArgs& a, int parts, bool cluster, cudaStream
   }
 }
 
-//! launch_split, the table staged where the plan says so (only where stage_tokens allowed
-//! it: dense, power-of-two arithmetic).
+//! launch_split, the table staged where the plan says so (only where tokens_to_stage
+//! allowed it: dense, power-of-two arithmetic).
 template <int kItems, bool kCompact, bool kDense, bool kPow2>
 void launch_split(const ConvertIndexArgs& a, const ConvertPlan& plan, bool cluster,
                   cudaStream_t stream) {
@@ -532,7 +534,7 @@ void launch_plan(const ConvertIndexArgs& a, const ConvertPlan& plan, cudaStream_
 //! with fewer, the copy costs more than the gathers it replaces); 0 where it cannot be
 //! (a strided table or token ids, arithmetic that is not a power of two, or a table wider
 //! than kStagedBlocks).
-int64_t stage_tokens(const ConvertIndexArgs& a, bool dense) {
+int64_t tokens_to_stage(const ConvertIndexArgs& a, bool dense) {
   if (!dense || !convert_pow2(a) || a.block_table.cols > kStagedBlocks) return 0;
   const int64_t cols = a.block_table.cols > 1 ? a.block_table.cols : 1;
   return cols * a.dcp.world;
@@ -594,7 +596,6 @@ std::array<int64_t, 4> convert_index_plan(int64_t rows, int64_t cols, bool count
   return {plan.split_items, plan.parts, plan.row_threads, plan.staged};
 }
 
-
 void convert_index_cuda(const ConvertIndexArgs& a, const Place& place) {
   if (a.token_indices.rows == 0 || a.token_indices.cols == 0) return;
   DeviceGuard guard(place.device);
@@ -602,7 +603,7 @@ void convert_index_cuda(const ConvertIndexArgs& a, const Place& place) {
                      a.block_table.col_stride == 1;
   const ConvertPlan plan =
       convert_plan(a.token_indices.rows, a.token_indices.cols, sm_count(place.device),
-                   a.compact || a.valid_counts.present(), stage_tokens(a, dense));
+                   a.compact || a.valid_counts.present(), tokens_to_stage(a, dense));
   const cudaStream_t stream = place.cuda_stream();
   if (a.compact) {
     dense ? launch_plan<true, true>(a, plan, stream) : launch_plan<true, false>(a, plan, stream);

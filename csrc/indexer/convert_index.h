@@ -277,8 +277,8 @@ struct ConvertPlan {
 
 //! The plan for `rows` x `cols` token ids on a device of `sms` multiprocessors; `counts`:
 //! the rows' valid counts are needed (compaction or valid_counts); `stage_tokens`: the
-//! fewest token columns a split CTA needs for its table to be staged (0: never), see
-//! convert_index.cu.
+//! fewest token columns a split CTA needs for its table to be staged (0: never; the CUDA
+//! launcher's tokens_to_stage).
 ConvertPlan convert_plan(int64_t rows, int64_t cols, int64_t sms, bool counts,
                          int64_t stage_tokens);
 
