@@ -11,7 +11,9 @@ back-to-back launch time and each stamp's microseconds since the CTA started:
 1 after the wait for the previous kernel, 2 / 3 around the load, per pass p 4 + 4p / 5 + 4p
 around the cluster barrier and 6 + 4p once the digit is known, 7 after the candidate list,
 16 before the marking, 17 after the counts, 18 after the exchange, 19 after the writes,
-20 at the end. The compiler may move work across a stamp: read them as approximate.
+20 at the end; where the marks are cleared and made per segment (seg 0 / 1: 21 / 25 before the
+marks from the list, 22 / 26 after them, 23 / 27 after the word counts, 24 / 28 after their
+scan). The compiler may move work across a stamp: read them as approximate.
 """
 import os
 import subprocess
@@ -49,6 +51,8 @@ def stamped_kernel() -> str:
     rep("  // Slots counted (compaction, valid counts) need a second exchange, after the first.\n", "  stamp(17);\n")
     rep("  const int64_t taken = w.count < k ? w.count : k;\n\n", "  stamp(18);\n  const int64_t taken = w.count < k ? w.count : k;\n\n")
     rep("  if (cluster > 1) cg::this_cluster().barrier_wait();\n}", "  stamp(19);\n  if (cluster > 1) cg::this_cluster().barrier_wait();\n  stamp(20);\n}")
+    rep("      mark_from_list(s0, s1);\n    }\n    __syncthreads();\n", "      stamp(21 + 4 * (seg & 1));\n      mark_from_list(s0, s1);\n    }\n    __syncthreads();\n    stamp(22 + 4 * (seg & 1));\n")
+    rep("    block_scan2<false>(s, gt, eq, gt_before, eq_before, gt_total, eq_total);\n  };", "    stamp(23 + 4 * (seg & 1));\n    block_scan2<false>(s, gt, eq, gt_before, eq_before, gt_total, eq_total);\n    stamp(24 + 4 * (seg & 1));\n  };")
     return src
 
 
@@ -102,7 +106,7 @@ int main(int argc, char** argv) {
   printf("rows %d cols %d plan (%d, %lld, %d): %.2f us per launch (stream, back to back); err %s\n", rows, cols, pl.cluster, (long long)pl.slice, pl.resident, ms * 1000 / 50, cudaGetErrorString(cudaGetLastError()));
   for (int b = 0; b < 2; ++b) {
     printf(" block %s:", b ? "last" : "0");
-    for (int i = 1; i < 21; ++i) if (st[b][i]) printf(" %d:%+.2f", i, (st[b][i] - st[b][0]) / 1000.0);
+    for (int i = 1; i < 32; ++i) if (st[b][i]) printf(" %d:%+.2f", i, (st[b][i] - st[b][0]) / 1000.0);
     printf("\n");
   }
 }
