@@ -826,9 +826,9 @@ __device__ __forceinline__ void collect_resident_candidates(SharedState& s, cons
 
 /*!
  * \brief Calls visit(entry) for the candidate list's entries [0, n) that this thread takes
- *        (threadIdx.x + i * kThreads), four loads ahead of their use: the visits write
- *        shared memory that the compiler cannot tell from the list's, so a plain loop
- *        would wait for each entry's load in turn.
+ *        (threadIdx.x + i * kThreads), in batches of four loads issued before their
+ *        visits: the visits write shared memory that the compiler cannot tell from the
+ *        list's, so a plain loop would wait for each entry's load in turn.
  */
 template <typename Visit>
 __device__ __forceinline__ void for_each_listed(const uint2* cand, uint32_t n, Visit&& visit) {
