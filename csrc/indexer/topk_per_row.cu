@@ -1193,11 +1193,10 @@ __global__ void __launch_bounds__(kThreads, 1024 / kThreads)  // 64 registers
   // One CTA per row needs no exchange for its output positions: a slice of several
   // segments stages its ids as it counts them, each segment marked once (not once for the
   // totals and again for the positions: a walk of the slice where the list overflowed).
-  const bool stage_while_counting =
-      !kResident && cluster == 1 && !one_segment && !merged && k <= kStagedSlots;
+  const bool stage_while_counting = !kResident && cluster == 1 && segments > 1 && k <= kStagedSlots;
   uint32_t w0 = 0, w1 = 0;
   uint32_t gt_before = 0, eq_before = 0, gt_total = 0, eq_total = 0;
-  if (marked_from_list && !one_segment && !merged && !stage_while_counting) {  // list totals
+  if (marked_from_list && segments > 1 && !stage_while_counting) {  // totals from the list
     uint32_t gt = 0, eq = 0;
     for_each_listed(m.cand, listed_count, [&](uint2 e) {
       const uint32_t h = high_bits(e.x, shift);
