@@ -1152,7 +1152,7 @@ __global__ void __launch_bounds__(kThreads, 1024 / kThreads)  // 64 registers
     if (!marked_from_list) {
       mark_by_walk(slice, m, s0, s1, shift, threshold);
     } else if (!one_segment) {  // the callers' barrier: the previous words are read
-      for (int64_t i = threadIdx.x; i < 2 * words; i += kThreads) m.sel[i] = 0;  // and tie
+      for (int64_t i = threadIdx.x; i < words; i += kThreads) m.sel[i] = 0, m.tie[i] = 0;
       __syncthreads();
       mark_from_list(s0, s1);
     }
