@@ -11,9 +11,9 @@
 //   two streamed CTAs per SM overlap) reads the slice from global memory in each walk.
 // - After each pass every CTA sums its histogram in groups of 64 bins; after the pass's
 //   cluster barrier warp 0 of each CTA reads the cluster's group sums, then the bins of
-//   the one group holding the k-th key (distributed shared memory; the histograms and
-//   sums are double buffered), so every CTA finds the same digit. A pass whose digit bin
-//   is taken whole ends the selection early.
+//   the one group holding the k-th key (distributed shared memory, the loads of up to
+//   eight CTAs in flight; the histograms and sums are double buffered), so every CTA
+//   finds the same digit. A pass whose digit bin is taken whole ends the selection early.
 // - Candidates: after the first pass one walk over the slice marks the keys whose first
 //   digit is above the threshold digit in a bitmap (a warp's ballot is one bitmap word)
 //   and appends those in the threshold bin, with their columns, to a candidate list in
@@ -355,14 +355,46 @@ __device__ __forceinline__ void sum_groups(const uint32_t* hist, int bins, uint3
 }
 
 /*!
+ * \brief The sum over the cluster's CTAs r < cluster of load(r), with the loads of up to
+ *        eight CTAs in flight at once (distributed shared memory: each load is a round trip
+ *        over the cluster's network; a loop over the CTAs whose trip count the compiler does
+ *        not know waited for them one by one below eight). Ranks past the cluster load from
+ *        the last CTA and are not added.
+ */
+template <typename T, typename Load>
+__device__ __forceinline__ T sum_over_cluster(int cluster, Load&& load) {
+  constexpr int kInFlight = 8;
+  T total{};
+  for (int r0 = 0; r0 < cluster; r0 += kInFlight) {
+    T v[kInFlight];
+#pragma unroll
+    for (int u = 0; u < kInFlight; ++u) v[u] = load(min(r0 + u, cluster - 1));
+#pragma unroll
+    for (int u = 0; u < kInFlight; ++u) {
+      if (r0 + u < cluster) total += v[u];
+    }
+  }
+  return total;
+}
+
+//! Two bin counts, summed component-wise over the cluster by sum_over_cluster.
+struct BinPair {
+  uint32_t x = 0, y = 0;
+  __device__ __forceinline__ BinPair& operator+=(const BinPair& o) {
+    x += o.x, y += o.y;
+    return *this;
+  }
+};
+
+/*!
  * \brief The pass's digit: finds, in the cluster's histograms `hist` (`bins` bins) and
  *        their group sums `groups`, the bin holding the remaining-th key in descending
  *        digit order, and stores it in s.digit, the keys of the higher bins in s.above and
  *        the bin's count in s.in_bin. Warp 0 reads every CTA's group sums, then the 64
  *        bins of the one group holding the key (distributed shared memory: 3 words per
- *        lane and CTA instead of whole histograms). Every thread calls it after the cluster
- *        barrier that publishes the sums; the results are visible after the next
- *        __syncthreads.
+ *        lane and CTA instead of whole histograms; one CTA reads its own directly). Every
+ *        thread calls it after the cluster barrier that publishes the sums; the results
+ *        are visible after the next __syncthreads.
  */
 __device__ __forceinline__ void find_digit(SharedState& s, uint32_t* hist, uint32_t* groups,
                                            int bins, int cluster, uint32_t remaining) {
@@ -371,34 +403,32 @@ __device__ __forceinline__ void find_digit(SharedState& s, uint32_t* hist, uint3
   const int group_count = bins / kGroupBins;
   // Lane l holds group group_count - 1 - l (descending digit order along the lanes).
   const int g = group_count - 1 - lane;
-  uint32_t group_sum = 0;
-#pragma unroll 8
-  for (int r = 0; r < cluster; ++r) {  // independent loads: unrolled to overlap
-    const uint32_t* gr = cluster > 1 ? cg::this_cluster().map_shared_rank(groups, r) : groups;
-    if (g >= 0) group_sum += gr[g];
-  }
+  const int g_read = g >= 0 ? g : 0;  // lanes past the groups read group 0 and drop it
+  auto group_of = [&](int r) { return cg::this_cluster().map_shared_rank(groups, r)[g_read]; };
+  uint32_t group_sum =
+      cluster == 1 ? groups[g_read] : sum_over_cluster<uint32_t>(cluster, group_of);
+  if (g < 0) group_sum = 0;
   const uint32_t incl = warp_inclusive_sum_u32(group_sum);
   const int first = __ffs(__ballot_sync(0xffffffffu, incl >= remaining)) - 1;
   const uint32_t above_group = __shfl_sync(0xffffffffu, incl - group_sum, first);
   const int top = (group_count - 1 - first) * kGroupBins + kGroupBins;  // past the group
-  // Lane l holds the bins top - 1 - 2l (c[0]) and top - 2 - 2l (c[1]).
-  uint32_t c[2] = {0, 0};
-#pragma unroll 8
-  for (int r = 0; r < cluster; ++r) {
-    const uint32_t* h = cluster > 1 ? cg::this_cluster().map_shared_rank(hist, r) : hist;
+  // Lane l holds the bins top - 1 - 2l (c.x) and top - 2 - 2l (c.y).
+  auto bins_of = [&](const uint32_t* h) {
     const uint2 q = *reinterpret_cast<const uint2*>(h + top - 2 - 2 * lane);
-    c[0] += q.y, c[1] += q.x;
-  }
+    return BinPair{q.y, q.x};
+  };
+  auto bins_at = [&](int r) { return bins_of(cg::this_cluster().map_shared_rank(hist, r)); };
+  const BinPair c = cluster == 1 ? bins_of(hist) : sum_over_cluster<BinPair>(cluster, bins_at);
   const uint32_t need = remaining - above_group;
-  const uint32_t pair = c[0] + c[1];
+  const uint32_t pair = c.x + c.y;
   const uint32_t pair_incl = warp_inclusive_sum_u32(pair);
   const int at = __ffs(__ballot_sync(0xffffffffu, pair_incl >= need)) - 1;
   if (lane == at) {
     const uint32_t before = above_group + pair_incl - pair;
-    const bool upper = before + c[0] >= remaining;
+    const bool upper = before + c.x >= remaining;
     s.digit = static_cast<uint32_t>(top - 1 - 2 * lane - (upper ? 0 : 1));
-    s.above = upper ? before : before + c[0];
-    s.in_bin = upper ? c[0] : c[1];
+    s.above = upper ? before : before + c.x;
+    s.in_bin = upper ? c.x : c.y;
   }
 }
 
