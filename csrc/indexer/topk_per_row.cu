@@ -356,10 +356,11 @@ __device__ __forceinline__ void sum_groups(const uint32_t* hist, int bins, uint3
 
 /*!
  * \brief The sum over the cluster's CTAs r < cluster of load(r), with the loads of up to
- *        eight CTAs in flight at once (distributed shared memory: each load is a round trip
- *        over the cluster's network; a loop over the CTAs whose trip count the compiler does
- *        not know waited for them one by one below eight). Ranks past the cluster load from
- *        the last CTA and are not added.
+ *        eight CTAs in flight at once: each distributed-shared-memory load is a round trip
+ *        over the cluster's network, so the loads are issued in fixed batches of eight
+ *        whatever the cluster size (a loop of `cluster` iterations is not unrolled for the
+ *        sizes below its unroll factor, and waits for each load in turn). Ranks past the
+ *        cluster load from the last CTA and are not added.
  */
 template <typename T, typename Load>
 __device__ __forceinline__ T sum_over_cluster(int cluster, Load&& load) {
