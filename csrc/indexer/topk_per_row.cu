@@ -33,10 +33,13 @@
 // - Output positions: the selection is the marked keys above the threshold and the first
 //   `remaining` (in column order) of those equal to it. Each thread counts both bitmaps
 //   over a contiguous run of words (an odd number, so a warp's reads hit distinct banks);
-//   a block scan and the cluster's per-CTA totals (distributed shared memory) give every
-//   selected column its output position, the number of selected columns before it. Ids
-//   are in ascending column order, no sort; up to kStagedSlots per CTA are staged in
-//   shared memory in that order and written coalesced. A slice longer than the bitmaps
+//   a block scan and the selected keys of the CTAs before give every selected column its
+//   output position, the number of selected columns before it. Streamed CTAs exchange their
+//   totals (distributed shared memory, one more cluster barrier); resident ones, whose
+//   marks are the very keys their histograms counted, sum what find_digit read of the CTAs
+//   before in each pass (H200, beside main in one call: 1 x 32K 9.50 -> 9.02 us, 16 x 128K
+//   17.81 -> 17.44). Ids are in ascending column order, no sort; up to kStagedSlots per CTA
+//   are staged in shared memory in that order and written coalesced. A slice longer than the bitmaps
 //   (kSegmentColumns; streamed plans only) is marked and counted one segment at a time,
 //   unless every key equal to the threshold is selected (distinct scores): then nothing
 //   tells a taken tie from a key above it, and the two bitmaps are one of twice the
@@ -195,6 +198,9 @@ struct SharedState {
   uint32_t warp_a[kWarps], warp_b[kWarps];
   uint32_t groups[2][kBins / kGroupBins];  // group sums of hist, read by the others
   uint32_t digit, above, in_bin;
+  // find_digit's counts over the CTAs of lower rank, and the kernel's sums of them over the
+  // passes: the selected keys of those CTAs above the threshold and equal to it.
+  uint32_t above_before, in_bin_before, gt_before, eq_before;
   uint32_t bin_lo, bin_hi;  // this CTA's least and greatest key of the first digit's bin
   uint32_t single_key;      // the cluster's bin holds one key (pass 1), and which
   uint32_t bin_key;
@@ -204,8 +210,9 @@ struct SharedState {
   uint32_t sums[4];     // the exchange's result, for every thread
 };
 
-static_assert(kStagedSlots * sizeof(int32_t) <= sizeof(SharedState::hist),
-              "a CTA's ids are staged in the histograms");
+static_assert(kStagedSlots * sizeof(int32_t) <= sizeof(SharedState::hist) &&
+                  kStagedSlots * sizeof(int32_t) <= list_capacity(true) * sizeof(uint2),
+              "a CTA's ids are staged in the histograms (streamed) or the list (resident)");
 // sm_90 / sm_100: 228 KB of shared memory per SM, 1 KB of it reserved per CTA.
 static_assert(kStreamedPerSm * (dynamic_smem_bytes(kPlanLongSlice, false) +
                                 static_cast<int64_t>(sizeof(SharedState)) + 1024) <=
@@ -355,17 +362,19 @@ __device__ __forceinline__ void sum_groups(const uint32_t* hist, int bins, uint3
 }
 
 /*!
- * \brief The sum over the cluster's CTAs r < cluster of load(r), with the loads of up to
- *        eight CTAs in flight at once: each distributed-shared-memory load is a round trip
- *        over the cluster's network, so the loads are issued in fixed batches of eight
- *        whatever the cluster size (a loop of `cluster` iterations is not unrolled for the
- *        sizes below its unroll factor, and waits for each load in turn). Ranks past the
- *        cluster load from the last CTA and are not added.
+ * \brief The sum over the cluster's CTAs r < cluster of load(r), and (kBefore) in `before`
+ *        the sum over the CTAs r < rank, with the loads of up to eight CTAs in flight at
+ *        once: each distributed-shared-memory load is a round trip over the cluster's
+ *        network, so the loads are issued in fixed batches of eight whatever the cluster size
+ *        (a loop of `cluster` iterations is not unrolled for the sizes below its unroll
+ *        factor, and waits for each load in turn). Ranks past the cluster load from the last
+ *        CTA and are not added.
  */
-template <typename T, typename Load>
-__device__ __forceinline__ T sum_over_cluster(int cluster, Load&& load) {
+template <bool kBefore, typename T, typename Load>
+__device__ __forceinline__ T sum_over_cluster(int cluster, int rank, Load&& load, T& before) {
   constexpr int kInFlight = 8;
   T total{};
+  before = T{};
   for (int r0 = 0; r0 < cluster; r0 += kInFlight) {
     T v[kInFlight];
 #pragma unroll
@@ -373,6 +382,7 @@ __device__ __forceinline__ T sum_over_cluster(int cluster, Load&& load) {
 #pragma unroll
     for (int u = 0; u < kInFlight; ++u) {
       if (r0 + u < cluster) total += v[u];
+      if (kBefore && r0 + u < rank) before += v[u];
     }
   }
   return total;
@@ -391,14 +401,16 @@ struct BinPair {
  * \brief The pass's digit: finds, in the cluster's histograms `hist` (`bins` bins) and
  *        their group sums `groups`, the bin holding the remaining-th key in descending
  *        digit order, and stores it in s.digit, the keys of the higher bins in s.above and
- *        the bin's count in s.in_bin. Warp 0 reads every CTA's group sums, then the 64
- *        bins of the one group holding the key (distributed shared memory: 3 words per
- *        lane and CTA instead of whole histograms; one CTA reads its own directly). Every
- *        thread calls it after the cluster barrier that publishes the sums; the results
- *        are visible after the next __syncthreads.
+ *        the bin's count in s.in_bin; kBefore: the same two counts over the CTAs of lower
+ *        rank than this one (`rank`) in s.above_before and s.in_bin_before. Warp 0 reads
+ *        every CTA's group sums, then the 64 bins of the one group holding the key
+ *        (distributed shared memory: 3 words per lane and CTA instead of whole histograms;
+ *        one CTA reads its own directly). Every thread calls it after the cluster barrier
+ *        that publishes the sums; the results are visible after the next __syncthreads.
  */
+template <bool kBefore = false>
 __device__ __forceinline__ void find_digit(SharedState& s, uint32_t* hist, uint32_t* groups,
-                                           int bins, int cluster, uint32_t remaining) {
+                                           int bins, int cluster, int rank, uint32_t remaining) {
   if (threadIdx.x >= 32) return;
   const int lane = threadIdx.x;
   const int group_count = bins / kGroupBins;
@@ -406,12 +418,19 @@ __device__ __forceinline__ void find_digit(SharedState& s, uint32_t* hist, uint3
   const int g = group_count - 1 - lane;
   const int g_read = g >= 0 ? g : 0;  // lanes past the groups read group 0 and drop it
   auto group_of = [&](int r) { return cg::this_cluster().map_shared_rank(groups, r)[g_read]; };
-  uint32_t group_sum =
-      cluster == 1 ? groups[g_read] : sum_over_cluster<uint32_t>(cluster, group_of);
-  if (g < 0) group_sum = 0;
+  uint32_t group_before = 0;
+  uint32_t group_sum = cluster == 1 ? groups[g_read]
+                                    : sum_over_cluster<kBefore, uint32_t>(cluster, rank, group_of,
+                                                                          group_before);
+  if (g < 0) group_sum = 0, group_before = 0;
+  // The counts of the CTAs before are scanned beside the totals (kBefore): warp 0 is on the
+  // critical path of every CTA, each scan a chain of shuffles.
   const uint32_t incl = warp_inclusive_sum_u32(group_sum);
+  const uint32_t incl_before = kBefore ? warp_inclusive_sum_u32(group_before) : 0;
   const int first = __ffs(__ballot_sync(0xffffffffu, incl >= remaining)) - 1;
   const uint32_t above_group = __shfl_sync(0xffffffffu, incl - group_sum, first);
+  const uint32_t above_group_before =
+      kBefore ? __shfl_sync(0xffffffffu, incl_before - group_before, first) : 0;
   const int top = (group_count - 1 - first) * kGroupBins + kGroupBins;  // past the group
   // Lane l holds the bins top - 1 - 2l (c.x) and top - 2 - 2l (c.y).
   auto bins_of = [&](const uint32_t* h) {
@@ -419,10 +438,14 @@ __device__ __forceinline__ void find_digit(SharedState& s, uint32_t* hist, uint3
     return BinPair{q.y, q.x};
   };
   auto bins_at = [&](int r) { return bins_of(cg::this_cluster().map_shared_rank(hist, r)); };
-  const BinPair c = cluster == 1 ? bins_of(hist) : sum_over_cluster<BinPair>(cluster, bins_at);
+  BinPair b;  // the CTAs before this one
+  const BinPair c = cluster == 1 ? bins_of(hist)
+                                 : sum_over_cluster<kBefore, BinPair>(cluster, rank, bins_at, b);
   const uint32_t need = remaining - above_group;
   const uint32_t pair = c.x + c.y;
   const uint32_t pair_incl = warp_inclusive_sum_u32(pair);
+  const uint32_t pair_before = b.x + b.y;
+  const uint32_t pair_before_incl = kBefore ? warp_inclusive_sum_u32(pair_before) : 0;
   const int at = __ffs(__ballot_sync(0xffffffffu, pair_incl >= need)) - 1;
   if (lane == at) {
     const uint32_t before = above_group + pair_incl - pair;
@@ -430,6 +453,11 @@ __device__ __forceinline__ void find_digit(SharedState& s, uint32_t* hist, uint3
     s.digit = static_cast<uint32_t>(top - 1 - 2 * lane - (upper ? 0 : 1));
     s.above = upper ? before : before + c.x;
     s.in_bin = upper ? c.x : c.y;
+    if (kBefore) {
+      const uint32_t before_b = above_group_before + pair_before_incl - pair_before;
+      s.above_before = upper ? before_b : before_b + b.x;
+      s.in_bin_before = upper ? b.x : b.y;
+    }
   }
 }
 
@@ -452,7 +480,7 @@ struct Marks {
  */
 __device__ __forceinline__ uint32_t nth_digit(SharedState& s, uint32_t* hist, uint32_t* groups,
                                               uint32_t r) {
-  find_digit(s, hist, groups, kBins, 1, r);
+  find_digit(s, hist, groups, kBins, 1, 0, r);
   __syncwarp();  // one lane wrote s.digit and s.above
   const uint32_t d = s.digit;
   __syncwarp();  // read before the next write
@@ -931,6 +959,15 @@ __device__ __forceinline__ void sort_descending(uint64_t* v, int n) {
 //! What the write phase stores for each selected id (the op's output).
 struct IdsSink {};  // the ids (topk_per_row)
 
+//! The sink counts the valid slots (compaction, valid counts): an exchange of the counts.
+template <typename Sink>
+__device__ __forceinline__ bool counts_valid_slots(const Sink& sink) {
+  if constexpr (std::is_same<Sink, ConvertIndexArgs>::value) {
+    return sink.compact || sink.valid_counts.present();
+  }
+  return false;
+}
+
 //! Sums of (x, y) over the cluster's CTAs before this one and over all of them.
 struct ClusterSums {
   uint32_t x_before = 0, y_before = 0, x_all = 0, y_all = 0;
@@ -1008,6 +1045,8 @@ __global__ void __launch_bounds__(kThreads, 1024 / kThreads)  // 64 registers
   const int64_t per = static_cast<uint32_t>(w.count + cluster - 1) / static_cast<uint32_t>(cluster);
   const int64_t lo = rank * per < w.count ? rank * per : w.count;
   const int64_t hi = lo + per < w.count ? lo + per : w.count;
+  // A window of at most k columns is taken whole: every column before this CTA's is.
+  if (kResident && threadIdx.x == 0) s.gt_before = 0, s.eq_before = static_cast<uint32_t>(lo);
   // The layout of dynamic_smem_bytes for the launch's largest slice.
   const int64_t words =
       bitmap_words(static_cast<uint32_t>(a.cols + cluster - 1) / static_cast<uint32_t>(cluster));
@@ -1087,7 +1126,7 @@ __global__ void __launch_bounds__(kThreads, 1024 / kThreads)  // 64 registers
       __syncthreads();
       sum_groups(hist, bins, s.groups[pass & 1]);
       cluster_barrier(cluster);  // every CTA's histogram of this pass is complete
-      find_digit(s, hist, s.groups[pass & 1], bins, cluster, remaining);
+      find_digit<kResident>(s, hist, s.groups[pass & 1], bins, cluster, rank, remaining);
       // The cluster's bounds of the bin (each CTA's, written before the barrier).
       if (!kResident && pass == 1 && threadIdx.x < 32) {
         uint32_t lo = ~0u, hi = 0;
@@ -1104,6 +1143,9 @@ __global__ void __launch_bounds__(kThreads, 1024 / kThreads)  // 64 registers
         for (int i = threadIdx.x; i < kBins; i += kThreads) s.hist[0][i] = 0;
       }
       __syncthreads();
+      if (kResident && threadIdx.x == 0) {
+        s.gt_before += s.above_before, s.eq_before = s.in_bin_before;
+      }
       prefix |= s.digit << digit_shift;
       remaining -= s.above;
       all_ties_taken = s.in_bin == remaining;
@@ -1147,6 +1189,14 @@ __global__ void __launch_bounds__(kThreads, 1024 / kThreads)  // 64 registers
         }
       }
     }
+  }
+
+  // A resident CTA's output positions need no exchange: the keys its passes counted are the
+  // keys it marks (shared memory), so the counts of the CTAs before it are find_digit's.
+  // Its reads of the other CTAs' shared memory end with the last pass: the arrival that
+  // lets the cluster exit is made here, unless a later exchange or barrier makes it.
+  if (kResident && cluster > 1 && !counts_valid_slots(sink) && !a.sorted) {
+    cg::this_cluster().barrier_arrive();
   }
 
   // Mark the selected columns and count them: CTA totals, and in one segment each thread's
@@ -1219,8 +1269,11 @@ __global__ void __launch_bounds__(kThreads, 1024 / kThreads)  // 64 registers
     }
   };
   const uint32_t segments = one_segment || merged ? 1 : (slice.n - 1) / segment + 1;
-  // Staged ids (below) go to the histograms' shared memory, free after the passes.
-  int32_t* const stage = reinterpret_cast<int32_t*>(&s.hist[0][0]);
+  // Staged ids (below) go to memory free after the passes: the candidate list of a resident
+  // CTA (the others may still read its histograms, as no exchange follows the last pass),
+  // else the histograms (the exchange orders every CTA's reads of them before).
+  int32_t* const stage =
+      kResident ? reinterpret_cast<int32_t*>(m.cand) : reinterpret_cast<int32_t*>(&s.hist[0][0]);
   // One CTA per row needs no exchange for its output positions: a slice of several
   // segments stages its ids as it counts them, each segment marked once (not once for the
   // totals and again for the positions: a walk of the slice where the list overflowed).
@@ -1248,11 +1301,17 @@ __global__ void __launch_bounds__(kThreads, 1024 / kThreads)  // 64 registers
       gt_total += gt_seg, eq_total += eq_seg;
     }
   }
+  // Streamed CTAs exchange their totals for their output positions: a walk re-reads the
+  // logits, so its marks may not be the keys counted where the logits changed mid-run.
   // Slots counted (compaction, valid counts) need a second exchange, after the first.
-  bool counted = false;
-  if constexpr (kSlots) counted = sink.compact || sink.valid_counts.present();
-  const ClusterSums selected =
-      cluster_exchange(s, 0, cluster, rank, gt_total, eq_total, !counted && !a.sorted);
+  const bool counted = counts_valid_slots(sink);
+  ClusterSums selected;
+  if constexpr (kResident) {
+    selected.x_before = s.gt_before;
+    selected.y_before = s.eq_before;
+  } else {
+    selected = cluster_exchange(s, 0, cluster, rank, gt_total, eq_total, !counted && !a.sorted);
+  }
   const int64_t taken = w.count < k ? w.count : k;
 
   // Calls visit(position, id) for each selected column of the CTA. Every thread calls it.
@@ -1281,9 +1340,8 @@ __global__ void __launch_bounds__(kThreads, 1024 / kThreads)  // 64 registers
   const uint32_t eq_left = remaining - eq_taken_before;
   const int64_t first = static_cast<int64_t>(selected.x_before) + eq_taken_before;
   const int64_t count = static_cast<int64_t>(gt_total) + (eq_total < eq_left ? eq_total : eq_left);
-  // Staged (at most kStagedSlots ids): the ids go to shared memory in output order (the
-  // histograms are free: every CTA of the cluster has read them before the exchange
-  // above), so that the writes are coalesced and topk_to_slots' gathers are batched.
+  // Staged (at most kStagedSlots ids): the ids go to shared memory in output order, so that
+  // the writes are coalesced and topk_to_slots' gathers are batched.
   const bool staged = count <= kStagedSlots;
   if (staged && !stage_while_counting) {
     for_each_selected([&](int64_t pos, int32_t id) { stage[pos - first] = id; });
