@@ -563,8 +563,11 @@ def test_resident_collect_paths(L, plan):
                 run_both(torch.device("cuda"), x.to(dtype), k, row_starts=starts,
                          row_ends=torch.full((4,), L, dtype=I32) - starts)
         table = torch.arange(4 * (L // 64 + 1), dtype=I32).reshape(4, -1) * 3
-        slots_both(torch.device("cuda"), x, 500, torch.arange(4, dtype=I32), table, 64,
-                   compact=True)
+        req = torch.arange(4, dtype=I32)
+        slots_both(torch.device("cuda"), x, 500, req, table, 64, compact=True)
+        # Without valid counts a resident cluster has no exchange after the passes.
+        got = dsa_ext.topk_to_slots(x.cuda(), 500, req.cuda(), table.cuda(), 64)
+        assert_equal(got, reference.topk_to_slots(x, 500, req, table, 64)[0], L=L, plan=plan)
         candidates_both(torch.device("cuda"), x, 500, 1, 4, 2)
 
 
