@@ -39,11 +39,11 @@
 //   marks are the very keys their histograms counted, sum what find_digit read of the CTAs
 //   before in each pass (H200, beside main in one call: 1 x 32K 9.50 -> 9.02 us, 16 x 128K
 //   17.81 -> 17.44). Ids are in ascending column order, no sort; up to kStagedSlots per CTA
-//   are staged in shared memory in that order and written coalesced. A slice longer than the bitmaps
-//   (kSegmentColumns; streamed plans only) is marked and counted one segment at a time,
-//   unless every key equal to the threshold is selected (distinct scores): then nothing
-//   tells a taken tie from a key above it, and the two bitmaps are one of twice the
-//   columns, marked once (H200, 256 x 128K: 61.6 -> 58.1 us).
+//   are staged in shared memory in that order and written coalesced. A slice longer than
+//   the bitmaps (kSegmentColumns; streamed plans only) is marked and counted one segment
+//   at a time, unless every key equal to the threshold is selected (distinct scores): then
+//   nothing tells a taken tie from a key above it, and the two bitmaps are one of twice
+//   the columns, marked once (H200, 256 x 128K: 61.6 -> 58.1 us).
 // - sorted: once the cluster has written the ids, CTA 0 rebuilds their 64-bit selection
 //   ranks, sorts them (bitonic, shared memory) and rewrites the row.
 #include <cooperative_groups.h>
