@@ -1163,6 +1163,9 @@ __global__ void __launch_bounds__(kThreads, 1024 / kThreads)  // 64 registers
         listed_count = s.candidates;
       }
       if (s.in_bin == remaining) break;  // the whole bin is taken: nothing to refine
+      // A bf16 key's low 16 bits follow from its high ones: keys that share the 22 bits the
+      // first two digits decide are equal, so a third pass would find the bin again.
+      if (sizeof(Bits) == 2 && pass == 1) break;
       if (!kResident && pass == 1 && s.single_key) {  // every key of the bin is this one
         prefix = s.bin_key;
         shift = 0;
@@ -1631,6 +1634,8 @@ __global__ void __launch_bounds__(kBlock, kShortBlockThreads / kBlock)  // 64 re
         shift = digit_shift;
         // found is rewritten only after the next pass's two barriers.
         if (found[2] == remaining) break;  // the whole bin is taken: nothing to refine
+        // bf16: keys that share their high 16 bits are equal (score_key).
+        if (sizeof(Bits) == 2 && digit_shift == 16) break;
       }
       const uint32_t threshold = high_bits(prefix, shift);
 
