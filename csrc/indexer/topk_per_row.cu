@@ -13,7 +13,8 @@
 //   cluster barrier warp 0 of each CTA reads the cluster's group sums, then the bins of
 //   the one group holding the k-th key (distributed shared memory, the loads of up to
 //   eight CTAs in flight; the histograms and sums are double buffered), so every CTA
-//   finds the same digit. A pass whose digit bin is taken whole ends the selection early.
+//   finds the same digit. A pass whose digit bin is taken whole ends the selection early,
+//   and bf16 rows stop after two passes (their keys have 16 significant bits).
 // - Candidates: after the first pass one walk over the slice marks the keys whose first
 //   digit is above the threshold digit in a bitmap (a warp's ballot is one bitmap word)
 //   and appends those in the threshold bin, with their columns, to a candidate list in
