@@ -590,9 +590,9 @@ def slots_both(device, x, k, req_id, table, block_size, counts=True, **kw):
     (without them a resident cluster has no exchange after the passes: another path)."""
     want, want_counts = reference.topk_to_slots(x, k, req_id, table, block_size, **kw)
     dev = {n: v.to(device) if isinstance(v, torch.Tensor) else v for n, v in kw.items()}
-    got = dsa_ext.topk_to_slots(x.to(device), k, req_id.to(device), table.to(device),
-                                block_size, return_valid_counts=counts, **dev)
-    got, got_counts = got if counts else (got, None)
+    result = dsa_ext.topk_to_slots(x.to(device), k, req_id.to(device), table.to(device),
+                                   block_size, return_valid_counts=counts, **dev)
+    got, got_counts = result if counts else (result, None)
     ctx = {n: v for n, v in kw.items() if not isinstance(v, torch.Tensor)}
     assert_equal(got, want, k=k, shape=tuple(x.shape), **ctx)
     if counts:
