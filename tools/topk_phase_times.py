@@ -10,8 +10,9 @@ against a host selection (a MISMATCH line names the first difference). It prints
 back-to-back launch time and each stamp's microseconds since the CTA started:
 1 after the wait for the previous kernel, 2 / 3 around the load, per pass p 4 + 4p / 5 + 4p
 around the cluster barrier and 6 + 4p once the digit is known, 7 after the candidate list,
-16 before the marking, 17 after the counts, 18 after the exchange, 19 after the writes,
-20 at the end; where the marks are cleared and made per segment (seg 0 / 1: 21 / 25 before the
+16 before the marking, 17 after the counts, 18 after the exchange, 15 once the thread has
+staged its ids (before the barrier), 29 after that barrier, 30 after the id stores, 31 after
+the -1 fill, 19 after the writes, 20 at the end; where the marks are cleared and made per segment (seg 0 / 1: 21 / 25 before the
 marks from the list, 22 / 26 after them, 23 / 27 after the word counts, 24 / 28 after their
 scan). The compiler may move work across a stamp: read them as approximate.
 """
@@ -53,6 +54,9 @@ def stamped_kernel() -> str:
     rep("  if (cluster > 1) cg::this_cluster().barrier_wait();\n}", "  stamp(19);\n  if (cluster > 1) cg::this_cluster().barrier_wait();\n  stamp(20);\n}")
     rep("      mark_from_list(s0, s1);\n    }\n    __syncthreads();\n", "      stamp(21 + 4 * (seg & 1));\n      mark_from_list(s0, s1);\n    }\n    __syncthreads();\n    stamp(22 + 4 * (seg & 1));\n")
     rep("    block_scan2<false>(s, gt, eq, gt_before, eq_before, gt_total, eq_total);\n  };", "    stamp(23 + 4 * (seg & 1));\n    block_scan2<false>(s, gt, eq, gt_before, eq_before, gt_total, eq_total);\n    stamp(24 + 4 * (seg & 1));\n  };")
+    rep("    for_each_selected([&](int64_t pos, int32_t id) { stage[pos - first] = id; });\n    __syncthreads();\n  }\n", "    for_each_selected([&](int64_t pos, int32_t id) { stage[pos - first] = id; });\n    stamp(15);\n    __syncthreads();\n  }\n  stamp(29);\n")
+    rep("    for_each_output([&](int64_t pos, int32_t id) { out[pos * stride] = id; });\n", "    for_each_output([&](int64_t pos, int32_t id) { out[pos * stride] = id; });\n    stamp(30);\n")
+    rep("    for (int64_t j = taken + fill_first; j < k; j += fill_step) out[j * stride] = -1;\n    if (a.sorted) {", "    for (int64_t j = taken + fill_first; j < k; j += fill_step) out[j * stride] = -1;\n    stamp(31);\n    if (a.sorted) {")
     return src
 
 
