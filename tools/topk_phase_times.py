@@ -12,9 +12,10 @@ back-to-back launch time and each stamp's microseconds since the CTA started:
 around the cluster barrier and 6 + 4p once the digit is known, 7 after the candidate list,
 16 before the marking, 17 after the counts, 18 after the exchange, 15 once the thread has
 staged its ids (before the barrier), 29 after that barrier, 30 after the id stores, 31 after
-the -1 fill, 19 after the writes, 20 at the end; where the marks are cleared and made per segment (seg 0 / 1: 21 / 25 before the
-marks from the list, 22 / 26 after them, 23 / 27 after the word counts, 24 / 28 after their
-scan). The compiler may move work across a stamp: read them as approximate.
+the -1 fill, 19 after the writes, 20 at the end; where the marks are cleared and made per
+segment (seg 0 / 1: 21 / 25 before the marks from the list, 22 / 26 after them, 23 / 27
+after the word counts, 24 / 28 after their scan). The compiler may move work across a
+stamp: read them as approximate.
 """
 import os
 import subprocess
