@@ -570,6 +570,26 @@ def test_resident_collect_paths(L, plan):
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("plan", [2, 8])
+def test_resident_register_builds(plan):
+    # A resident launch whose clusters all fit the chip at one CTA per SM runs the build
+    # with the whole SM's registers; more rows than fit run the 64-register build. Both
+    # against the CPU, on the same rows, every sink.
+    g = torch.Generator().manual_seed(plan)
+    many = torch.randn(600, 8192 + 3, generator=g)
+    many[1::2] = torch.randint(0, 16, (300, many.shape[1]), generator=g).float()
+    table = torch.arange(600 * 130, dtype=I32).reshape(600, 130) * 3
+    with forced_topk_plan(plan):
+        for rows in (1, 600):
+            x = many[:rows]
+            req = torch.arange(rows, dtype=I32)
+            for dtype in (torch.float32, torch.bfloat16):
+                run_both(torch.device("cuda"), x.to(dtype), 2048)
+            slots_both(torch.device("cuda"), x, 2048, req, table, 64, compact=True)
+            candidates_both(torch.device("cuda"), x, 2048, 1, 4, 2)
+
+
+@pytest.mark.cuda
 def test_streamed_capture_multi_segment_bf16():
     # Slices past the bitmaps (kSegmentColumns) mark their segments from the captured list
     # (or walk them where it overflowed); the last segment holds 3 columns.

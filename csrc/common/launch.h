@@ -162,6 +162,34 @@ void launch_clustered_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, i
   throw_on_cuda_error(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...), what);
 }
 
+/*!
+ * \brief Clusters of `cluster_x` CTAs of `kernel` (`block` threads, `dynamic_smem` bytes of
+ *        dynamic shared memory each) that the current device runs at once: a GPC holds
+ *        whole clusters, so this can be below the SM count / cluster_x. A host query, no
+ *        stream work; callers cache it. The kernel's shared-memory and cluster-size
+ *        attributes must be set before.
+ */
+template <typename... Params>
+int max_active_clusters(void (*kernel)(Params...), int block, int cluster_x,
+                        size_t dynamic_smem) {
+  cudaLaunchAttribute attribute = {};
+  attribute.id = cudaLaunchAttributeClusterDimension;
+  attribute.val.clusterDim.x = static_cast<unsigned>(cluster_x);
+  attribute.val.clusterDim.y = 1;
+  attribute.val.clusterDim.z = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(cluster_x));
+  config.blockDim = dim3(static_cast<unsigned>(block));
+  config.dynamicSmemBytes = dynamic_smem;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  int clusters = 0;
+  throw_on_cuda_error(
+      cudaOccupancyMaxActiveClusters(&clusters, reinterpret_cast<const void*>(kernel), &config),
+      "cudaOccupancyMaxActiveClusters");
+  return clusters;
+}
+
 //! Launches `kernel` on `stream` without clusters (see launch_clustered_kernel).
 template <typename... Params, typename... Args>
 void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream,

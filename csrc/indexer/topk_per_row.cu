@@ -1029,9 +1029,11 @@ __device__ __forceinline__ ClusterSums cluster_exchange(SharedState& s, int slot
  *        selected id at its output position through the sink: the id (IdsSink), its slot
  *        (ConvertIndexArgs: convert_row / convert_tokens), or its candidate key
  *        (PackCandidatesArgs: pack_candidate).
+ *        kCtasPerSm: the CTAs per SM its registers are budgeted for: 2 (64 registers a
+ *        thread), or 1 (128) for resident launches whose clusters all fit one CTA per SM.
  */
-template <typename Bits, bool kResident, typename Sink>
-__global__ void __launch_bounds__(kThreads, 1024 / kThreads)  // 64 registers
+template <typename Bits, bool kResident, typename Sink, int kCtasPerSm = 1024 / kThreads>
+__global__ void __launch_bounds__(kThreads, kCtasPerSm)
     topk_per_row_kernel(const TopkPerRowArgs a, const Sink sink, int cluster) {
   constexpr bool kSlots = std::is_same<Sink, ConvertIndexArgs>::value;
   constexpr bool kPacked = std::is_same<Sink, PackCandidatesArgs>::value;
@@ -1776,17 +1778,40 @@ std::atomic<int> g_plan_override{-1};
 template <typename Bits, bool kResident, typename Sink>
 void launch(const TopkPerRowArgs& a, const Sink& sink, const TopkPlan& plan, const Place& place) {
   auto* kernel = topk_per_row_kernel<Bits, kResident, Sink>;
+  // A resident launch is one wave of one CTA per SM (topk_plan), so its CTAs may have the
+  // registers of the whole SM: the walks over shared memory no longer spill (the resident
+  // slot kernels did at 64 registers), H200 beside the 64-register build in one call: 1 x
+  // 32K 8.98 -> 8.68 us, 1 x 128K 13.1 -> 12.6, topk_to_slots 1 x 128K 13.69 -> 12.68.
+  // Only where every cluster still fits the chip at one CTA per SM: a GPC holds whole
+  // clusters, so 16 clusters of 8 took a second wave there (16 x 128K 17.2 -> 21.6 us),
+  // where the 64-register build runs two CTAs on some SMs.
+  auto* whole_sm = topk_per_row_kernel<Bits, kResident, Sink, kResident ? 1 : 1024 / kThreads>;
   // Per device: the attributes are set once (a launch on another device needs them too).
   static std::atomic<uint64_t> configured{0};
   const uint64_t bit = uint64_t{1} << (place.device % 64);
   if ((configured.load(std::memory_order_relaxed) & bit) == 0) {
-    throw_on_cuda_error(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             kMaxDynamicSmem),
-                        "topk_per_row shared memory attribute");
-    throw_on_cuda_error(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1),
-        "topk_per_row cluster attribute");
+    for (auto* f : {kernel, whole_sm}) {
+      throw_on_cuda_error(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               kMaxDynamicSmem),
+                          "topk_per_row shared memory attribute");
+      throw_on_cuda_error(
+          cudaFuncSetAttribute(f, cudaFuncAttributeNonPortableClusterSizeAllowed, 1),
+          "topk_per_row cluster attribute");
+    }
     configured.fetch_or(bit, std::memory_order_relaxed);
+  }
+  if (kResident) {
+    // Clusters of plan.cluster CTAs of whole_sm that the device runs at once, per device
+    // and cluster size (0: not yet asked).
+    static std::atomic<int> fitting[64][kMaxCluster + 1] = {};
+    const bool cached = place.device >= 0 && place.device < 64;
+    int fit = cached ? fitting[place.device][plan.cluster].load(std::memory_order_relaxed) : 0;
+    if (fit == 0) {
+      fit = max_active_clusters(whole_sm, kThreads, plan.cluster, kMaxDynamicSmem);
+      if (fit <= 0) fit = -1;
+      if (cached) fitting[place.device][plan.cluster].store(fit, std::memory_order_relaxed);
+    }
+    if (a.rows <= fit) kernel = whole_sm;
   }
   size_t smem = static_cast<size_t>(dynamic_smem_bytes(plan.slice, kResident));
   if (a.sorted) {
