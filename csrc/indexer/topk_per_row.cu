@@ -1780,11 +1780,11 @@ void launch(const TopkPerRowArgs& a, const Sink& sink, const TopkPlan& plan, con
   auto* kernel = topk_per_row_kernel<Bits, kResident, Sink>;
   // A resident launch is one wave of one CTA per SM (topk_plan), so its CTAs may have the
   // registers of the whole SM: the walks over shared memory no longer spill (the resident
-  // slot kernels did at 64 registers), H200 beside the 64-register build in one call: 1 x
-  // 32K 8.98 -> 8.68 us, 1 x 128K 13.1 -> 12.6, topk_to_slots 1 x 128K 13.69 -> 12.68.
-  // Only where every cluster still fits the chip at one CTA per SM: a GPC holds whole
-  // clusters, so 16 clusters of 8 took a second wave there (16 x 128K 17.2 -> 21.6 us),
-  // where the 64-register build runs two CTAs on some SMs.
+  // slot kernels did at 64 registers). H200, beside the 64-register build in one call: 1 x
+  // 32K 9.07 -> 8.8 us, 64 x 32K 14.3 -> 13.6-14.0, 1 x 128K 13.3 -> 12.7-12.9;
+  // topk_to_slots 1 x 128K 13.58 -> 12.70. Only where every cluster still fits the chip at
+  // one CTA per SM: a GPC holds whole clusters, so 16 clusters of 8 took a second wave
+  // there (16 x 128K 17.2 -> 21.6 us), where the 64-register build runs two CTAs on some SMs.
   auto* whole_sm = topk_per_row_kernel<Bits, kResident, Sink, kResident ? 1 : 1024 / kThreads>;
   // Per device: the attributes are set once (a launch on another device needs them too).
   static std::atomic<uint64_t> configured{0};
