@@ -1785,7 +1785,7 @@ void launch(const TopkPerRowArgs& a, const Sink& sink, const TopkPlan& plan, con
   // topk_to_slots 1 x 128K 13.58 -> 12.70. Only where every cluster still fits the chip at
   // one CTA per SM: a GPC holds whole clusters, so 16 clusters of 8 took a second wave
   // there (16 x 128K 17.2 -> 21.6 us), where the 64-register build runs two CTAs on some SMs.
-  auto* whole_sm = topk_per_row_kernel<Bits, kResident, Sink, kResident ? 1 : 1024 / kThreads>;
+  auto* whole_sm = topk_per_row_kernel<Bits, kResident, Sink, 1>;
   // Per device: the attributes are set once (a launch on another device needs them too).
   static std::atomic<uint64_t> configured{0};
   const uint64_t bit = uint64_t{1} << (place.device % 64);
@@ -1800,7 +1800,7 @@ void launch(const TopkPerRowArgs& a, const Sink& sink, const TopkPlan& plan, con
     }
     configured.fetch_or(bit, std::memory_order_relaxed);
   }
-  if (kResident) {
+  {
     // Clusters of plan.cluster CTAs of whole_sm that the device runs at once, per device
     // and cluster size (0: not yet asked).
     static std::atomic<int> fitting[64][kMaxCluster + 1] = {};
