@@ -1030,7 +1030,7 @@ __device__ __forceinline__ ClusterSums cluster_exchange(SharedState& s, int slot
  *        (ConvertIndexArgs: convert_row / convert_tokens), or its candidate key
  *        (PackCandidatesArgs: pack_candidate).
  *        kCtasPerSm: the CTAs per SM its registers are budgeted for: 2 (64 registers a
- *        thread), or 1 (128) for resident launches whose clusters all fit one CTA per SM.
+ *        thread), or 1 (128) for launches whose clusters all fit one CTA per SM (launch).
  */
 template <typename Bits, bool kResident, typename Sink, int kCtasPerSm = 1024 / kThreads>
 __global__ void __launch_bounds__(kThreads, kCtasPerSm)
@@ -1778,13 +1778,15 @@ std::atomic<int> g_plan_override{-1};
 template <typename Bits, bool kResident, typename Sink>
 void launch(const TopkPerRowArgs& a, const Sink& sink, const TopkPlan& plan, const Place& place) {
   auto* kernel = topk_per_row_kernel<Bits, kResident, Sink>;
-  // A resident launch is one wave of one CTA per SM (topk_plan), so its CTAs may have the
-  // registers of the whole SM: the walks over shared memory no longer spill (the resident
-  // slot kernels did at 64 registers). H200, beside the 64-register build in one call: 1 x
-  // 32K 9.07 -> 8.8 us, 64 x 32K 14.3 -> 13.6-14.0, 1 x 128K 13.3 -> 12.7-12.9;
-  // topk_to_slots 1 x 128K 13.58 -> 12.70. Only where every cluster still fits the chip at
-  // one CTA per SM: a GPC holds whole clusters, so 16 clusters of 8 took a second wave
-  // there (16 x 128K 17.2 -> 21.6 us), where the 64-register build runs two CTAs on some SMs.
+  // A launch whose clusters all fit the chip at one CTA per SM (every resident launch but
+  // the largest, and streamed ones of one wave) runs a build with the registers of the whole
+  // SM: the walks and the slot conversion no longer spill (the slot kernels did at 64
+  // registers). H200, beside the 64-register build in the same call: 1 x 32K 9.07 -> 8.8
+  // us, 64 x 32K 14.3 -> 13.6-14.0, 1 x 128K 13.3 -> 12.7-12.9, 128 x 64K 23.3 -> 22.6-22.8;
+  // topk_to_slots 1 x 128K 13.58 -> 12.70, 64 x 128K 26.5-26.7 -> 25.0-25.2. Checked with
+  // cudaOccupancyMaxActiveClusters, as a GPC holds whole clusters: run without that check,
+  // 16 clusters of 8 took a second wave (16 x 128K 17.2 -> 21.6 us), where the 64-register
+  // build runs two CTAs on some SMs.
   auto* whole_sm = topk_per_row_kernel<Bits, kResident, Sink, 1>;
   // Per device: the attributes are set once (a launch on another device needs them too).
   static std::atomic<uint64_t> configured{0};
