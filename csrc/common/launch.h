@@ -128,6 +128,16 @@ __device__ __forceinline__ void await_previous_kernel() {
 #endif
 }
 
+//! The launch attribute that groups a grid's CTAs in clusters of `cluster_x` along x.
+inline cudaLaunchAttribute cluster_dimension(int cluster_x) {
+  cudaLaunchAttribute attribute = {};
+  attribute.id = cudaLaunchAttributeClusterDimension;
+  attribute.val.clusterDim.x = static_cast<unsigned>(cluster_x);
+  attribute.val.clusterDim.y = 1;
+  attribute.val.clusterDim.z = 1;
+  return attribute;
+}
+
 /*!
  * \brief Launches `kernel` on `stream` in clusters of `cluster_x` CTAs along x (1: no
  *        cluster) with `dynamic_smem` bytes of dynamic shared memory per CTA, as a
@@ -145,13 +155,7 @@ void launch_clustered_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, i
     attributes[count].val.programmaticStreamSerializationAllowed = 1;
     ++count;
   }
-  if (cluster_x > 1) {
-    attributes[count].id = cudaLaunchAttributeClusterDimension;
-    attributes[count].val.clusterDim.x = static_cast<unsigned>(cluster_x);
-    attributes[count].val.clusterDim.y = 1;
-    attributes[count].val.clusterDim.z = 1;
-    ++count;
-  }
+  if (cluster_x > 1) attributes[count++] = cluster_dimension(cluster_x);
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;
@@ -172,11 +176,7 @@ void launch_clustered_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, i
 template <typename... Params>
 int max_active_clusters(void (*kernel)(Params...), int block, int cluster_x,
                         size_t dynamic_smem) {
-  cudaLaunchAttribute attribute = {};
-  attribute.id = cudaLaunchAttributeClusterDimension;
-  attribute.val.clusterDim.x = static_cast<unsigned>(cluster_x);
-  attribute.val.clusterDim.y = 1;
-  attribute.val.clusterDim.z = 1;
+  cudaLaunchAttribute attribute = cluster_dimension(cluster_x);
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(static_cast<unsigned>(cluster_x));
   config.blockDim = dim3(static_cast<unsigned>(block));

@@ -1804,7 +1804,8 @@ void launch(const TopkPerRowArgs& a, const Sink& sink, const TopkPlan& plan, con
   }
   {
     // Clusters of plan.cluster CTAs of whole_sm that the device runs at once, per device
-    // and cluster size (0: not yet asked).
+    // and cluster size (0: not yet asked). Asked with the largest shared memory a launch
+    // takes: at these registers an SM holds one CTA whatever the slice.
     static std::atomic<int> fitting[64][kMaxCluster + 1] = {};
     const bool cached = place.device >= 0 && place.device < 64;
     int fit = cached ? fitting[place.device][plan.cluster].load(std::memory_order_relaxed) : 0;
