@@ -1031,8 +1031,13 @@ __device__ __forceinline__ ClusterSums cluster_exchange(SharedState& s, int slot
  *        (PackCandidatesArgs: pack_candidate).
  *        kCtasPerSm: the CTAs per SM its registers are budgeted for: 2 (64 registers a
  *        thread), or 1 (128) for launches whose clusters all fit one CTA per SM (launch).
+ *        kPow2 (slots): convert_pow2 holds, so the conversion takes the shifts and masks of
+ *        token_slot<true>, and decode_slots for decode rows (H200, beside the general
+ *        conversion in one call, slots minus ids: 1 x 32K 2.0 -> 1.4 us, 1 x 128K 1.9 -> 1.3,
+ *        16 x 128K 4.0 -> 2.9, 64 x 128K 1.9 -> 1.5).
  */
-template <typename Bits, bool kResident, typename Sink, int kCtasPerSm = 1024 / kThreads>
+template <typename Bits, bool kResident, typename Sink, int kCtasPerSm = 1024 / kThreads,
+          bool kPow2 = false>
 __global__ void __launch_bounds__(kThreads, kCtasPerSm)
     topk_per_row_kernel(const TopkPerRowArgs a, const Sink sink, int cluster) {
   constexpr bool kSlots = std::is_same<Sink, ConvertIndexArgs>::value;
@@ -1413,7 +1418,8 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
       mine = static_cast<int>(n - i0 < per ? (n > i0 ? n - i0 : 0) : per);
 #pragma unroll
       for (int i = 0; i < kStagedPerThread; ++i) slot[i] = i < mine ? stage[i0 + i] : -1;
-      convert_tokens(sink, convert, slot, sink.block_table.col_stride);  // -1 past `mine`
+      // -1 past `mine` stays -1.
+      convert_tokens<kPow2, kPow2>(sink, convert, slot, sink.block_table.col_stride);
       uint32_t valid = 0;
 #pragma unroll
       for (int i = 0; i < kStagedPerThread; ++i) valid += slot[i] >= 0;
@@ -1775,9 +1781,9 @@ __global__ void __launch_bounds__(kBlock, kShortBlockThreads / kBlock)  // 64 re
 
 std::atomic<int> g_plan_override{-1};
 
-template <typename Bits, bool kResident, typename Sink>
+template <typename Bits, bool kResident, typename Sink, bool kPow2 = false>
 void launch(const TopkPerRowArgs& a, const Sink& sink, const TopkPlan& plan, const Place& place) {
-  auto* kernel = topk_per_row_kernel<Bits, kResident, Sink>;
+  auto* kernel = topk_per_row_kernel<Bits, kResident, Sink, 1024 / kThreads, kPow2>;
   // A launch whose clusters all fit the chip at one CTA per SM (every resident launch but
   // the largest, and streamed ones of one wave) runs a build with the registers of the whole
   // SM: the walks and the slot conversion no longer spill (the slot kernels did at 64
@@ -1787,7 +1793,7 @@ void launch(const TopkPerRowArgs& a, const Sink& sink, const TopkPlan& plan, con
   // cudaOccupancyMaxActiveClusters, as a GPC holds whole clusters: run without that check,
   // 16 clusters of 8 took a second wave (16 x 128K 17.2 -> 21.6 us), where the 64-register
   // build runs two CTAs on some SMs.
-  auto* whole_sm = topk_per_row_kernel<Bits, kResident, Sink, 1>;
+  auto* whole_sm = topk_per_row_kernel<Bits, kResident, Sink, 1, kPow2>;
   // Per device: the attributes are set once (a launch on another device needs them too).
   static std::atomic<uint64_t> configured{0};
   const uint64_t bit = uint64_t{1} << (place.device % 64);
@@ -1854,6 +1860,16 @@ void launch_short_rows(const TopkPerRowArgs& a, const Sink& sink, const Place& p
 }
 
 //! Picks the plan and the kernel for the score type and launches it.
+//! launch, with the slot sink's conversion specialized where convert_pow2 holds.
+template <typename Bits, bool kResident, typename Sink>
+void launch_for_sink(const TopkPerRowArgs& a, const Sink& sink, const TopkPlan& plan,
+                     const Place& place) {
+  if constexpr (std::is_same<Sink, ConvertIndexArgs>::value) {
+    if (convert_pow2(sink)) return launch<Bits, kResident, Sink, true>(a, sink, plan, place);
+  }
+  launch<Bits, kResident, Sink>(a, sink, plan, place);
+}
+
 template <typename Sink>
 void run_selection(const TopkPerRowArgs& a, const Sink& sink, const Place& place) {
   if (a.rows == 0) return;
@@ -1864,11 +1880,11 @@ void run_selection(const TopkPerRowArgs& a, const Sink& sink, const Place& place
                   : launch_short_rows<uint32_t>(a, sink, place);
   }
   if (a.bf16) {
-    plan.resident ? launch<uint16_t, true>(a, sink, plan, place)
-                  : launch<uint16_t, false>(a, sink, plan, place);
+    plan.resident ? launch_for_sink<uint16_t, true>(a, sink, plan, place)
+                  : launch_for_sink<uint16_t, false>(a, sink, plan, place);
   } else {
-    plan.resident ? launch<uint32_t, true>(a, sink, plan, place)
-                  : launch<uint32_t, false>(a, sink, plan, place);
+    plan.resident ? launch_for_sink<uint32_t, true>(a, sink, plan, place)
+                  : launch_for_sink<uint32_t, false>(a, sink, plan, place);
   }
 }
 
