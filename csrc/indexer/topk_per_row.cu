@@ -149,6 +149,19 @@ __device__ __forceinline__ uint32_t shared_fetch_add(uint32_t address, uint32_t 
   return old;
 }
 
+//! Starts a copy of the 32-bit word at `src` (global memory) into `dst` (this CTA's shared
+//! memory) that holds no register while it is in flight (cp.async). It is complete once the
+//! same thread has passed await_word_copies(), and visible to the block after a barrier.
+__device__ __forceinline__ void copy_word_async(int32_t* dst, const int32_t* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(
+                   static_cast<uint32_t>(__cvta_generic_to_shared(dst))),
+               "l"(__cvta_generic_to_global(src))
+               : "memory");
+}
+__device__ __forceinline__ void await_word_copies() {
+  asm volatile("cp.async.wait_all;" ::: "memory");
+}
+
 //! The shared-window address of `p`; kPinned: made opaque, so it stays in a register. At
 //! the 64-register bound the compiler otherwise rebuilds it before every use (S2UR of the
 //! CTA's cluster id, then ULEA: in a counting loop, a dependent pair per increment).
@@ -209,6 +222,7 @@ struct SharedState {
   RefineFloor refine;   // capture_floor's hand-over to refine_capture_floor
   uint32_t cta[2][2];   // this CTA's totals per exchange, read by the others
   uint32_t sums[4];     // the exchange's result, for every thread
+  int32_t request[2];   // slots: the row's req_id and prefill_request_id (-1: absent)
 };
 
 static_assert(kStagedSlots * sizeof(int32_t) <= sizeof(SharedState::hist) &&
@@ -1059,6 +1073,20 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
   const int64_t row = blockIdx.x / cluster;
   const int rank = static_cast<int>(blockIdx.x - row * cluster);
   const RowWindow w = row_window(a, row);
+  // Slots, 64-register build: the row's request, for the conversion at the end, is copied
+  // now, so that its load is off the tail's path (it overlaps the selection). H200, beside
+  // the load at the tail, same calls: topk_to_slots 256 x 32K 31.5 -> 30.4 us (with
+  // compaction and counts 34.0 -> 32.9), 256 x 128K 64.4 -> 64.1, 16 x 128K 20.1 -> 20.2;
+  // in the whole-SM build the copy lost (64 x 128K 25.2 -> 25.5), which keeps the load.
+  constexpr bool kRequestEarly = kSlots && kCtasPerSm > 1;
+  if constexpr (kRequestEarly) {
+    if (threadIdx.x == 0) {
+      const bool prefill = sink.prefill_request_id.present();
+      if (prefill) copy_word_async(&s.request[1], &sink.prefill_request_id[row]);
+      if (!prefill) s.request[1] = -1;
+      copy_word_async(&s.request[0], &sink.req_id[row]);
+    }
+  }
   // 32-bit divisions: a row has fewer than 2^31 columns.
   const int64_t per = static_cast<uint32_t>(w.count + cluster - 1) / static_cast<uint32_t>(cluster);
   const int64_t lo = rank * per < w.count ? rank * per : w.count;
@@ -1211,6 +1239,10 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
       }
     }
   }
+
+  // The request's copy is visible to the block after the next barrier (every path to the
+  // conversion passes the counts' scan).
+  if (kRequestEarly && threadIdx.x == 0) await_word_copies();
 
   // A resident CTA's output positions need no exchange: the keys its passes counted are the
   // keys it marks (shared memory), so the counts of the CTAs before it are find_digit's.
@@ -1390,7 +1422,8 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
   } else if constexpr (kSlots) {
     int32_t* out = sink.out.row(row);
     const int64_t stride = sink.out.col_stride;
-    const ConvertRow convert = convert_row(sink, row);
+    const ConvertRow convert = kRequestEarly ? convert_row_from(sink, s.request[1], s.request[0])
+                                             : convert_row(sink, row);
     int64_t end = taken;  // past the last written position
     // The CTA's ids go through the conversion kStagedSlots positions (a chunk) at a time:
     // one chunk, already staged, unless the CTA has more ids.
