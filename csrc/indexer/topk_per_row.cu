@@ -1892,7 +1892,6 @@ void launch_short_rows(const TopkPerRowArgs& a, const Sink& sink, const Place& p
   launch_short_rows<Bits, kShortMaxItems, 512>(a, sink, place);
 }
 
-//! Picks the plan and the kernel for the score type and launches it.
 //! launch, with the slot sink's conversion specialized where convert_pow2 holds.
 template <typename Bits, bool kResident, typename Sink>
 void launch_for_sink(const TopkPerRowArgs& a, const Sink& sink, const TopkPlan& plan,
@@ -1903,6 +1902,7 @@ void launch_for_sink(const TopkPerRowArgs& a, const Sink& sink, const TopkPlan& 
   launch<Bits, kResident, Sink>(a, sink, plan, place);
 }
 
+//! Picks the plan and the kernel for the score type and launches it.
 template <typename Sink>
 void run_selection(const TopkPerRowArgs& a, const Sink& sink, const Place& place) {
   if (a.rows == 0) return;
