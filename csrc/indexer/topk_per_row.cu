@@ -1081,9 +1081,11 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
   constexpr bool kRequestEarly = kSlots && kCtasPerSm > 1;
   if constexpr (kRequestEarly) {
     if (threadIdx.x == 0) {
-      const bool prefill = sink.prefill_request_id.present();
-      if (prefill) copy_word_async(&s.request[1], &sink.prefill_request_id[row]);
-      if (!prefill) s.request[1] = -1;
+      if (sink.prefill_request_id.present()) {
+        copy_word_async(&s.request[1], &sink.prefill_request_id[row]);
+      } else {
+        s.request[1] = -1;
+      }
       copy_word_async(&s.request[0], &sink.req_id[row]);
     }
   }
