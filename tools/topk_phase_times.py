@@ -116,12 +116,13 @@ int main(int argc, char** argv) {
   Place p; p.device = 0; p.stream = 0;
   std::vector<int32_t> ids((size_t)rows * K), got((size_t)rows * K);
   const char* names[3] = {"ids", "slots", "slots+counts"};
+  const TopkPlan pl = topk_plan(rows, cols, sm_count(0));
+  cudaEvent_t e0, e1; cudaEventCreate(&e0); cudaEventCreate(&e1);
   for (int mode = 0; mode < 3; ++mode) {  // ids, slots, slots with compaction and counts
     c.compact = mode == 2;
     c.valid_counts = mode == 2 ? Strided1D<int32_t>(Desc1{(int64_t)(uintptr_t)vc, rows, 1})
                                : Strided1D<int32_t>();
     auto run = [&]() { if (mode == 0) topk_per_row_cuda(a, p); else topk_to_slots_cuda(sa, p); };
-    cudaEvent_t e0, e1; cudaEventCreate(&e0); cudaEventCreate(&e1);
     for (int it = 0; it < 20; ++it) run();
     cudaEventRecord(e0);
     for (int it = 0; it < 50; ++it) run();
@@ -150,7 +151,6 @@ int main(int argc, char** argv) {
         if (want != got[(size_t)i * K + j]) { printf("MISMATCH %s row %d pos %d\n", names[mode], i, j); ++bad; break; }
       }
     }
-    auto pl = topk_plan(rows, cols, sm_count(0));
     printf("rows %d cols %d plan (%d, %lld, %d) %s: %.2f us per launch (stream, back to back); err %s\n", rows, cols, pl.cluster, (long long)pl.slice, pl.resident, names[mode], ms * 1000 / 50, cudaGetErrorString(cudaGetLastError()));
     for (int b = 0; b < 2; ++b) {
       printf(" block %s:", b ? "last" : "0");
