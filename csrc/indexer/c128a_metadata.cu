@@ -22,8 +22,11 @@ __global__ void __launch_bounds__(kThreads * kRows) c128a_metadata_kernel(const 
   const int64_t block_cols = static_cast<int64_t>(kThreads) * kItems;
   const int64_t step = static_cast<int64_t>(gridDim.x) * block_cols;
   const int32_t width = static_cast<int32_t>(a.width);  // < 2^31
-  for (int64_t t = static_cast<int64_t>(blockIdx.y) * kRows + threadIdx.y; t < a.num_tokens;
-       t += static_cast<int64_t>(gridDim.y) * kRows) {
+  // One row a block: the row index stays block-uniform (its setup runs on the uniform
+  // datapath; with threadIdx.y in it, width 8192 took 13.6-13.9 us against 12.9).
+  const int64_t first_row = kRows == 1 ? static_cast<int64_t>(blockIdx.y)
+                                       : static_cast<int64_t>(blockIdx.y) * kRows + threadIdx.y;
+  for (int64_t t = first_row; t < a.num_tokens; t += static_cast<int64_t>(gridDim.y) * kRows) {
     const C128ARow row = c128a_row(a, t);
     if (row.decode && blockIdx.x == 0 && threadIdx.x == 0) a.decode_lens[t] = row.n;
     for (int64_t first = blockIdx.x * block_cols; first < a.width; first += step) {
