@@ -1,0 +1,103 @@
+"""How many radix passes the stable top-K's default-order select runs per row (host model of
+`_radix_select` in cute_dsl_aot/stable_topk.py), on rows built the way ../shared/peers'
+side_by_side.py builds its merge cases:
+
+    python tools/stk_select_passes.py [ROWS]
+
+Each rank's local top-K there is `randint` ids, so ids repeat within a rank (about 4
+repeated pairs in 512 ids of 32K columns), and a repeated id packs to two equal keys. The
+model follows the kernel's rules: 8-bit digits from the top; a pass counts the keys of the
+current bin and the scan picks the bin of the `need`-th key; the default order stops when
+that bin is taken whole (`bucket == need`), or when a pass that tracks the AND and OR of
+the keys it counts finds them equal (copies of one key). A pass tracks after a pass that
+did not split the bin, or once the bin holds at most TRACK_BELOW keys.
+
+Prints, per shape and id kind, the share of rows by passes run, the share of rows whose
+k-th key has a copy, and the chance that a batch of 64 rows holds a row of more than 3
+passes (a launch waits for its slowest row). Unique ids are the control.
+"""
+import sys
+from collections import Counter
+
+import torch
+
+TRACK_BELOW = 64  # stable_topk.TRACK_BELOW
+USUAL_PASSES = 3  # what almost every randn row takes
+MASK64 = (1 << 64) - 1
+
+
+def select_passes(keys: list, sel: int) -> tuple:
+    """(passes run, stopped on copies) for one row of unsigned keys (key 0: invalid)."""
+    live = [x for x in keys if x != 0]
+    need = min(sel, len(live))
+    if need == 0:
+        return 1, False
+    prefix, mask, bucket, prev_bucket = 0, 0, 0, -1
+    for p in range(8):
+        shift = 56 - 8 * p
+        counted = [x for x in live if x & mask == prefix]
+        tracking = p >= 1 and (bucket == prev_bucket or bucket <= TRACK_BELOW)
+        if tracking:
+            both_and, both_or = MASK64, 0
+            for x in counted:
+                both_and &= x
+                both_or |= x
+            if both_and == both_or:
+                return p + 1, True
+        hist = Counter((x >> shift) & 255 for x in counted)
+        above = 0
+        for digit in range(255, -1, -1):
+            if above + hist.get(digit, 0) >= need:
+                break
+            above += hist.get(digit, 0)
+        prev_bucket, bucket = bucket, hist.get(digit, 0)
+        prefix |= digit << shift
+        mask = (MASK64 << shift) & MASK64
+        need -= above
+        if bucket == need:
+            return p + 1, False
+    return 8, True
+
+
+def harness_rows(rows: int, K: int, W: int, unique: bool, g: torch.Generator) -> torch.Tensor:
+    """[rows, W * K] keys: W ranks' packed local top-K, concatenated (side_by_side.py)."""
+    ncols = 131072 // W
+    parts = []
+    for rank in range(W):
+        logits = torch.randn(rows, ncols, generator=g)
+        if unique:
+            ids = torch.stack([torch.randperm(ncols, generator=g)[:K] for _ in range(rows)])
+        else:
+            ids = torch.randint(0, ncols, (rows, K), generator=g)
+        bits = logits.gather(1, ids).view(torch.int32).long() & 0xFFFFFFFF
+        ordered = torch.where(bits >= 0x80000000, (~bits) & 0xFFFFFFFF, bits | 0x80000000)
+        gid = ids * W + rank
+        parts.append((ordered << 32) | ((~gid) & 0xFFFFFFFF))
+    return torch.cat(parts, 1)
+
+
+def main() -> int:
+    rows = int(sys.argv[1]) if len(sys.argv) > 1 else 512
+    g = torch.Generator().manual_seed(0)
+    for K, W, k in ((512, 4, 512), (1024, 4, 1024), (2048, 2, 2048), (2048, 4, 2048)):
+        for unique in (False, True):
+            keys = harness_rows(rows, K, W, unique, g)
+            runs, copied = Counter(), 0
+            for row in keys.tolist():
+                row = [x & MASK64 for x in row]
+                passes, _ = select_passes(row, k)
+                runs[passes] += 1
+                kth = sorted(row, reverse=True)[k - 1]
+                copied += row.count(kth) > 1
+            slow = sum(n for p, n in runs.items() if p > USUAL_PASSES) / rows
+            batch = 1 - (1 - slow) ** 64
+            shares = ", ".join(f"{p}: {100 * n / rows:.1f}%" for p, n in sorted(runs.items()))
+            print(f"K={K} W={W} k={k} {'unique ids' if unique else 'random ids'}: passes "
+                  f"{shares}; k-th key copied in {100 * copied / rows:.1f}% of rows; "
+                  f"a 64-row batch has a row of more than {USUAL_PASSES} passes with "
+                  f"p = {batch:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
