@@ -5,11 +5,10 @@
 Times a do-nothing kernel (a 1-element add_) the way the harness times every op (CUDA-graph
 replay per launch, timing.bench_graph) before and after the cases, so that the rows whose
 times sit near the launch itself can be read against it (issue 15 asks for both numbers).
-With the C128A cases it also times the write floor of each: torch filling a contiguous
-int32 buffer of that case's output size (T x width), the same way.
+After the C128A cases it also times the write floor of each case it ran: torch filling a
+contiguous int32 buffer of that case's output size (T x width), the same way.
 Run from the folder that holds the harness (.peers/, see ../shared/peers/README.md).
 """
-import argparse
 import os
 import runpy
 import sys
@@ -25,30 +24,24 @@ def launch_floor() -> float:
     return bench_graph(lambda: one.add_(1.0))
 
 
-#: (T, width) of side_by_side.py's C128A cases: their outputs' sizes for the write floor.
-C128A_OUTPUTS = ((64, 256), (256, 1024), (4096, 1024), (1024, 8192))
-
-
 def write_floor(numel: int) -> float:
     buf = torch.empty(numel, dtype=torch.int32, device="cuda")
     return bench_graph(lambda: buf.fill_(-1))
 
 
 def main() -> int:
-    picked = argparse.ArgumentParser(add_help=False)
-    picked.add_argument("--only", default="")
-    only = picked.parse_known_args()[0].only
     before = launch_floor()
     print(f"# launch floor (1-element add_, graph replay per launch) {before:.2f} us", flush=True)
     sys.argv = ["side_by_side.py"] + sys.argv[1:]
-    code = 0
+    harness = runpy.run_path("side_by_side.py", run_name="side_by_side")  # defines, no run
     try:
-        runpy.run_path("side_by_side.py", run_name="__main__")
-    except SystemExit as done:
+        code = harness["main"]() or 0
+    except SystemExit as done:  # argparse's --help or a usage error
         code = done.code or 0
     print(f"# launch floor after the cases {launch_floor():.2f} us", flush=True)
-    if not only or "c128a" in only.split(","):
-        for T, width in C128A_OUTPUTS:
+    for case in harness["ROWS"]:
+        if case["op"] == "c128a":
+            T, width = case["T"], case["width"]
             print(f"# write floor T={T} width={width} ({T * width * 4 / 1e6:.1f} MB, contiguous "
                   f"int32 fill) {write_floor(T * width):.2f} us", flush=True)
     return code

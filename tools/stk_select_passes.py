@@ -21,6 +21,8 @@ from collections import Counter
 
 import torch
 
+from dsa_ext import reference
+
 TRACK_BELOW = 64  # stable_topk.TRACK_BELOW
 USUAL_PASSES = 3  # what almost every randn row takes
 MASK64 = (1 << 64) - 1
@@ -69,10 +71,7 @@ def harness_rows(rows: int, K: int, W: int, unique: bool, g: torch.Generator) ->
             ids = torch.stack([torch.randperm(ncols, generator=g)[:K] for _ in range(rows)])
         else:
             ids = torch.randint(0, ncols, (rows, K), generator=g)
-        bits = logits.gather(1, ids).view(torch.int32).long() & 0xFFFFFFFF
-        ordered = torch.where(bits >= 0x80000000, (~bits) & 0xFFFFFFFF, bits | 0x80000000)
-        gid = ids * W + rank
-        parts.append((ordered << 32) | ((~gid) & 0xFFFFFFFF))
+        parts.append(reference.encode_candidate_keys(logits.gather(1, ids), ids * W + rank))
     return torch.cat(parts, 1)
 
 
