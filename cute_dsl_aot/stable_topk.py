@@ -27,12 +27,17 @@ distributed shared memory):
    (``bucket == need``), a sorting variant until the candidate set ``{key & M >= P}``
    fits its sort (``sel_eff - need + bucket <= S``); both stop early when the bin holds
    copies of one key (then P is that key, and ``need`` of its copies are taken: the
-   default order those at the lowest positions). After a pass that did not split the
-   bin, or (default order and pairs) once the bin is small (``TRACK_BELOW``), the next
-   pass also folds the keys it counts (that bin) into an AND and an OR beside its
-   histogram, which are equal exactly when the bin holds copies of one key - so a
-   duplicated candidate at the threshold stops the row there instead of after all 8
-   passes (a sort of exactly ``sel_eff`` keys has no room for the extra copies).
+   default order those at the lowest positions). The default order of the kinds in
+   ``variants._RESOLVING`` also stops once the bin holds at most RESOLVE_KEYS keys: they
+   are gathered into shared memory and one warp ranks them (:func:`_resolve_small_bin`),
+   which gives the threshold key itself (P, all 64 bits) and its copies, so a row takes
+   no more passes than it needs to bring the bin down to a few keys. After a pass that
+   did not split the bin, or (default order and pairs) once the bin is small
+   (``TRACK_BELOW``), the next pass also folds the keys it counts (that bin) into an AND
+   and an OR beside its histogram, which are equal exactly when the bin holds copies of
+   one key - so a duplicated candidate at the threshold stops the row there instead of
+   after all 8 passes (a sort of exactly ``sel_eff`` keys has no room for the extra
+   copies).
 3. Default order (:func:`_write_in_position_order`): one ordered stream compaction of the
    row. When the select stopped on a whole bin (the usual case) every key ``>= prefix``
    is taken: one ballot per key gives each warp's count, one warp scans the counts of the
@@ -75,7 +80,7 @@ from cutlass.cutlass_dsl import T
 
 import sort_plan
 import variants
-from variants import COPY_WORDS, CTL_WORDS, NUM_BINS, RADIX_BITS, STREAM_GROUP
+from variants import COPY_WORDS, CTL_WORDS, NUM_BINS, RADIX_BITS, RESOLVE_KEYS, STREAM_GROUP
 
 NUM_PASSES = 64 // RADIX_BITS
 # Shared control words: 0 digit, 1 keys above the bin, 2 bin count, 3 gather slots,
@@ -88,6 +93,7 @@ SORT_BARRIER = 1  # named barrier of the sorting threads
 GATHER_GROUP = 8  # register keys gathered per warp atomic (their hits and ballots stay live)
 TRACK_BELOW = 64  # a bin of at most this many keys is checked for copies of one key
 COPIES_SHIFT = 16  # the scan packs (keys above, copies of the threshold) into one int32
+RANK_UNROLL = 8  # shuffles in flight while a warp ranks a small bin (divides RESOLVE_KEYS)
 
 
 def _as_int64(u: int) -> int:
@@ -477,17 +483,82 @@ def _count_keys(cand: cute.Tensor, regs, row: Int32, tidx: Int32, lane: Int32, m
 
 
 @cute.jit
+def _unsigned_greater(a: Int64, b: Int64):
+    return (a ^ Int64(SIGN_BIT)) > (b ^ Int64(SIGN_BIT))
+
+
+@cute.jit
+def _resolve_small_bin(regs, mask: Int64, prefix: Int64, need: Int32, bucket: Int32,
+                       tidx: Int32, lane: Int32, s_small: cute.Tensor, s_ctl: cute.Tensor,
+                       items: cutlass.Constexpr[int]):
+    """Default order, register variants: the select's bin (the ``bucket`` nonzero keys
+    with ``key & mask == prefix``, at most RESOLVE_KEYS) holds the ``need``-th largest key
+    but is not taken whole. Its keys are gathered into ``s_small`` (one shared atomic per
+    warp that holds one), and warp 0 ranks them (a key against every other by shuffles)
+    to find the threshold key ``t``: ``above`` bin keys are greater than it and ``c`` are
+    copies of it, with ``above < need <= above + c``. Returns ``(t, need - above, c)``:
+    the top keys are every key ``>= t`` when ``need - above == c``, else the keys ``> t``
+    and ``need - above`` of its ``c`` copies. This replaces the one or more counting
+    passes over the whole row that would split the bin further (a copied key takes two)."""
+    lanes_below = Int32(cute.arch.lanemask_lt())
+    for j in cutlass.range_constexpr(items):
+        key = regs[j]
+        hit = (key != 0) & ((key & mask) == prefix)
+        ballot = cute.arch.vote_ballot_sync(hit)
+        if ballot != 0:
+            base = Int32(0)
+            if lane == 0:
+                base = cute.arch.atomic_add((s_ctl.iterator + 3).llvm_ptr,
+                                            cute.arch.popc(ballot))
+            base = cute.arch.shuffle_sync(base, 0)
+            if hit:
+                s_small[base + cute.arch.popc(ballot & lanes_below)] = key
+    cute.arch.sync_threads()
+    if tidx < 32:
+        mine = Int64(0)  # key 0 is below every bin key and equal to none
+        if lane < bucket:
+            mine = s_small[lane]
+        greater = Int32(0)
+        equal = Int32(0)
+        # Lanes from `bucket` on hold key 0, which counts for no bin key: the loop may
+        # read past the bin in steps of RANK_UNROLL independent shuffles.
+        for i0 in cutlass.range(0, bucket, RANK_UNROLL):
+            for u in cutlass.range_constexpr(RANK_UNROLL):
+                other = cute.arch.shuffle_sync(mine, i0 + u)
+                greater = greater + Int32(cutlass.select_(_unsigned_greater(other, mine),
+                                                          Int32(1), Int32(0)))
+                equal = equal + Int32(cutlass.select_(other == mine, Int32(1), Int32(0)))
+        is_threshold = (lane < bucket) & (greater < need) & (need <= greater + equal)
+        ballot = cute.arch.vote_ballot_sync(is_threshold)
+        first = cute.arch.popc((ballot & (Int32(0) - ballot)) - Int32(1))
+        threshold = cute.arch.shuffle_sync(mine, first)
+        above = cute.arch.shuffle_sync(greater, first)
+        copies = cute.arch.shuffle_sync(equal, first)
+        cute.arch.sync_warp()  # every lane has read its s_small slot
+        if lane == 0:
+            s_small[0] = threshold
+            s_ctl[1] = above
+            s_ctl[2] = copies
+    cute.arch.sync_threads()
+    return s_small[0], need - s_ctl[1], s_ctl[2]
+
+
+@cute.jit
 def _radix_select(cand: cute.Tensor, regs, row: Int32, tidx: Int32, lane: Int32,
-                  rank: Int32, sel: Int32, s_hists, s_ctl: cute.Tensor,
+                  rank: Int32, sel: Int32, s_hists, s_ctl: cute.Tensor, s_small,
                   nt: cutlass.Constexpr[int], items: cutlass.Constexpr[int],
-                  pair: cutlass.Constexpr[bool], sort_size: cutlass.Constexpr[int]):
+                  pair: cutlass.Constexpr[bool], sort_size: cutlass.Constexpr[int],
+                  resolvable: cutlass.Constexpr[bool]):
     """Radix select over the row's nonzero keys (``regs``, or streamed from ``cand`` when
     empty). Returns ``(prefix, sel_eff, need, bucket, copies)``: the top ``sel_eff`` keys
     are the ``sel_eff - need`` keys whose digits so far exceed ``prefix`` plus ``need`` of
     the ``bucket`` keys that match it; ``copies`` is 1 if those ``bucket`` keys are all
     copies of the key ``prefix`` (all 8 passes ran, or a pass found them equal). Stop:
     the bin is taken whole (``sort_size == 0``, the default order) or the candidates fit
-    the sort, or the bin holds copies of one key."""
+    the sort, or the bin holds copies of one key. With ``resolvable`` (the default order
+    of the kinds in variants._RESOLVING) the select also stops once the bin holds at most
+    RESOLVE_KEYS keys, and one warp resolves it (_resolve_small_bin: ``prefix`` is then
+    the full threshold key)."""
     num_hists = 3 if pair else 2  # variants.histograms
     prefix = Int64(0)
     mask = Int64(0)
@@ -597,12 +668,21 @@ def _radix_select(cand: cute.Tensor, regs, row: Int32, tidx: Int32, lane: Int32,
                 # bin, so it needs the bin taken whole (or copies of one key).
                 if bucket == need:
                     running = Int32(0)
+                if cutlass.const_expr(resolvable):
+                    if bucket <= RESOLVE_KEYS:
+                        running = Int32(0)
             else:
                 # Every key with key & mask >= prefix (the keys above the bin plus the whole
                 # bin) fits the sort: the top sel_eff of those are the answer. An exact hit
                 # (bucket == need) always fits.
                 if (sel_eff - need) + bucket <= sort_size:
                     running = Int32(0)
+    if cutlass.const_expr(resolvable):
+        # Stopped with the bin neither taken whole nor found to be copies: a small bin.
+        if (bucket != need) & (copies == 0) & (running == 0):
+            prefix, need, bucket = _resolve_small_bin(regs, mask, prefix, need, bucket, tidx,
+                                                      lane, s_small, s_ctl, items)
+            copies = Int32(cutlass.select_(bucket != need, Int32(1), Int32(0)))
     # Still running after all 64 bits: the bin holds copies of the key prefix.
     return prefix, sel_eff, need, bucket, copies | running
 
@@ -1062,6 +1142,8 @@ def make_stable_topk(v: variants.Variant):
         # The scan packs two counts of a block into one int32: < 2^16 keys a block.
         assert (ITEMS or STREAM_GROUP) * NT < (1 << COPIES_SHIFT)
     num_hists = variants.histograms(PAIR)
+    RESOLVE = v.resolves_small_bins  # the bin's keys come from this CTA's registers
+    assert not RESOLVE or (ITEMS > 0 and not PAIR and RESOLVE_KEYS % RANK_UNROLL == 0)
 
     @cute.kernel
     def stable_topk_kernel(cand: cute.Tensor, out: cute.Tensor, sel: Int32):
@@ -1079,6 +1161,7 @@ def make_stable_topk(v: variants.Variant):
         lane = tidx % 32
 
         smem = cutlass.utils.SmemAllocator()
+        s_small = None
         if cutlass.const_expr(RANKED):
             s_keys = smem.allocate_tensor(Int64, cute.make_layout((S,)), byte_alignment=16)
             s_bins = smem.allocate_tensor(Int32, cute.make_layout((S,)), byte_alignment=16)
@@ -1090,6 +1173,8 @@ def make_stable_topk(v: variants.Variant):
             s_counts = smem.allocate_tensor(Int32, cute.make_layout((scan_n,)),
                                             byte_alignment=16)
             s_bases = smem.allocate_tensor(Int32, cute.make_layout((scan_n,)),
+                                           byte_alignment=16)
+            s_small = smem.allocate_tensor(Int64, cute.make_layout((RESOLVE_KEYS,)),
                                            byte_alignment=16)
         s_hists = [smem.allocate_tensor(Int32, cute.make_layout((NUM_BINS + COPY_WORDS,)),
                                         byte_alignment=16) for _ in range(num_hists)]
@@ -1118,7 +1203,8 @@ def make_stable_topk(v: variants.Variant):
 
         # ---- 2. radix select ------------------------------------------------------------
         prefix, sel_eff, need, bucket, copies = _radix_select(
-            cand, regs, row, tidx, lane, rank, sel, s_hists, s_ctl, NT, ITEMS, PAIR, S)
+            cand, regs, row, tidx, lane, rank, sel, s_hists, s_ctl, s_small, NT, ITEMS, PAIR,
+            S, RESOLVE)
 
         # ---- 3. write in position order, or 4. gather and sort ----------------------------
         if cutlass.const_expr(RANKED):

@@ -28,6 +28,7 @@ CTL_WORDS = 8  # shared control words of the select (see stable_topk.py)
 COPY_WORDS = 4  # after each histogram's bins: AND and OR of the keys it counted
 SMEM_BUDGET = 200 * 1024  # two sort buffers when they fit, else one
 STREAM_GROUP = 8  # (segment, chunk) pairs a streamed variant writes per block-wide scan
+RESOLVE_KEYS = 32  # a default-order bin of at most this many keys is resolved by one warp
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,12 @@ class Variant:
     def sorted(self) -> bool:
         return self.sort_size > 0
 
+    @property
+    def resolves_small_bins(self) -> bool:
+        """Default order: the select stops at a bin of at most RESOLVE_KEYS keys, which one
+        warp resolves (see _RESOLVING)."""
+        return not self.sorted and self.name.split("_")[0] in _RESOLVING
+
 
 def sort_buffers(sort_size: int) -> int:
     two = 2 * sort_size * 8 + histograms(False) * (NUM_BINS + COPY_WORDS) * 4 + CTL_WORDS * 4
@@ -81,14 +88,14 @@ def scan_entries(v: Variant) -> int:
 
 def smem_bytes(v: Variant) -> int:
     """Dynamic shared memory of a variant, in this order (each 16-byte aligned): the sort
-    buffers (sorting variants) or the scan's counts and bases (default order), the
-    histograms, the control words."""
+    buffers (sorting variants) or the scan's counts and bases and the keys of a small bin
+    (default order), the histograms, the control words."""
     if v.ranked:
         data = v.sort_size * (8 + 4) + 32 * 8  # the keys, their bins, the warps' largest keys
     elif v.sorted:
         data = sort_buffers(v.sort_size) * v.sort_size * 8
     else:
-        data = 2 * scan_entries(v) * 4
+        data = 2 * scan_entries(v) * 4 + RESOLVE_KEYS * 8
     return data + histograms(v.pair) * (NUM_BINS + COPY_WORDS) * 4 + CTL_WORDS * 4
 
 
@@ -123,6 +130,15 @@ _SMALL_SORTS = ("d8", "r4")  # rows of at most 4096 candidates: sorts of at most
 #: 7.95 / 7.74 us against 8.32 / 8.48), so r8 comes before p8 there; a pair still beats
 #: 16 keys per thread (W = 8, 64 rows: p8 12.5 against r16 14.1).
 _DEFAULT_ORDER = ("d8", "d16", "r4", "r8", "p8", "r16", "g")
+#: Default-order kinds whose select stops once the threshold bin holds at most
+#: RESOLVE_KEYS keys and lets one warp rank them, instead of counting passes over the whole
+#: row until the bin is taken whole (a copied threshold key took two more). H200, graph
+#: us, against the passes: k = 512, 64 rows (r4) 5.3 -> 4.3; W = 4, 1 / 64 rows (r8) 8.1 ->
+#: 7.5 / 7.9 -> 7.4. Left out: the kinds at their register cap (d8, d16: 2-3 CTAs an SM;
+#: r16: 64 registers on 1024 threads), where it cost 0.8 us at 1024 rows (W = 2 / 4; d8
+#: spilled 8 bytes more) and 0.9 / 3 us at 256 / 1024 rows (W = 8, r16); pairs and
+#: streamed kinds (no warp sees all the bin's keys in its own CTA's registers).
+_RESOLVING = ("r4", "r8")
 
 
 def _sort_log_r(kind: str, pair: bool, threads: int = 1024, size: int = 0) -> int:

@@ -798,6 +798,38 @@ DEFAULT_ORDER_VARIANTS = [("p8_u", 8, 1000),
                           ("r8_u", 4, 2048), ("r16_u", 8, 2048), ("g_u", 8, 3000)]
 
 
+def make_small_bins(rows: int, n: int, k: int, seed: int) -> torch.Tensor:
+    """Rows whose k-th largest key sits in a bin of 2, 31, 32, 33 or 32 keys (distinct
+    keys sharing the top 16 bits, none of the bin taken whole), reached after the first
+    pass (every key above it has another top byte) or the second (half of them share its
+    top byte); in rows 1, 3 and 4 the bin's threshold key has a copy (a candidate gathered
+    twice). The default order of r4 / r8 resolves bins of up to 32 keys with one warp
+    (stable_topk._resolve_small_bin); 33 takes another pass first."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for r in range(rows):
+        size = (2, 31, 32, 33, 32)[r % 5]
+        need = (size + 1) // 2  # bin keys taken: the bin is not taken whole
+        above = min(k, n - size) - need
+        below = n - above - size
+        first_pass = r % 2 == 0
+        top_above = torch.randint(0xC100 if first_pass else 0xC001, 0x10000, (above,),
+                                  generator=g)
+        top = torch.cat([top_above, torch.full((size,), 0xC000),
+                         torch.randint(0x8000, 0xC000, (below,), generator=g)])
+        low = torch.randint(0, 0x10000, (n,), generator=g)
+        low[above:above + size] = torch.randperm(0x10000, generator=g)[:size]  # distinct
+        gids = torch.randperm(4 * n, generator=g)[:n]
+        ordered = (top << 16) | low  # the key's high word: ordered score bits
+        keys = (ordered - 2**32) * 2**32 + (~gids & 0xFFFFFFFF)  # top >= 0x8000: negative
+        if r % 5 in (1, 3, 4):  # the bin's need-th largest key, copied over the next
+            bin_order = torch.sort(keys[above:above + size] ^ torch.iinfo(torch.int64).min,
+                                   descending=True).indices + above
+            keys[bin_order[need]] = keys[bin_order[need - 1]]
+        out.append(keys[torch.randperm(n, generator=g)])
+    return torch.stack(out)
+
+
 def make_pair_copies(rows: int, n: int, k: int, seed: int) -> torch.Tensor:
     """Random rows in which the k-th largest key appears exactly twice (a candidate
     gathered twice), once on each side of the k-th place, or both above or both below it;
@@ -818,11 +850,12 @@ def make_pair_copies(rows: int, n: int, k: int, seed: int) -> torch.Tensor:
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
 @pytest.mark.parametrize("variant,W,K", DEFAULT_ORDER_VARIANTS)
 @pytest.mark.parametrize("kind", ["random", "ties", "shortfall", "pair_copies",
-                                  "threshold_copies"])
+                                  "threshold_copies", "small_bins"])
 def test_every_default_order_variant_matches_reference(variant, W, K, kind):
     """Each default-order variant, forced on a shape it can run, equals the reference:
     the select stops on a whole bin, on a bin of copies (found equal before all 64 bits,
-    one CTA or a pair adding the AND / OR of both halves) or after all 64 bits."""
+    one CTA or a pair adding the AND / OR of both halves), after all 64 bits, or (r4 / r8)
+    on a small bin that one warp resolves, with or without copies of its threshold key."""
     check_forced_variant(variant, W, K, min(W * K - 3, 2048), kind, sorted=False)
 
 
@@ -834,6 +867,8 @@ def check_forced_variant(variant: str, W: int, K: int, k: int, kind: str, sorted
         flat = make_pair_copies(rows, n, k, seed=W + K)
     elif kind == "threshold_copies":
         flat = make_threshold_copies(rows, n, k, seed=W * K)
+    elif kind == "small_bins":
+        flat = make_small_bins(rows, n, k, seed=W * K)
     else:
         flat = make_keys(kind, rows, n, seed=W + K)
     cands = flat.view(rows, W, K).transpose(0, 1).contiguous()
@@ -866,6 +901,14 @@ def test_sorting_variants_match_reference(variant, W, K, kind):
     bitonic sort when the bins crowd (ties)."""
     size = int(variant.rsplit("_", 1)[1].removeprefix("rank").removeprefix("s"))
     check_forced_variant(variant, W, K, min(W * K - 3, size - 5), kind, sorted=True)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("n,k", [(2048, 1000), (4096, 2045), (8192, 2048)])
+def test_small_threshold_bins(device, n, k):
+    """Bins of 2 to 33 keys at the k-th place, with and without a copied threshold key
+    (make_small_bins), in the variants the launcher picks for them."""
+    check(make_small_bins(5, n, k, seed=n + k), k, device)
 
 
 @pytest.mark.parametrize("device", DEVICES)

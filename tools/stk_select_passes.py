@@ -10,11 +10,15 @@ model follows the kernel's rules: 8-bit digits from the top; a pass counts the k
 current bin and the scan picks the bin of the `need`-th key; the default order stops when
 that bin is taken whole (`bucket == need`), or when a pass that tracks the AND and OR of
 the keys it counts finds them equal (copies of one key). A pass tracks after a pass that
-did not split the bin, or once the bin holds at most TRACK_BELOW keys.
+did not split the bin, or once the bin holds at most TRACK_BELOW keys. The kinds that
+resolve small bins (variants._RESOLVING: r4, r8) also stop once the bin holds at most
+RESOLVE_KEYS keys, and one warp ranks them: that step is counted as a pass here.
 
-Prints, per shape and id kind, the share of rows by passes run, the share of rows whose
-k-th key has a copy, and the chance that a batch of 64 rows holds a row of more than 3
-passes (a launch waits for its slowest row). Unique ids are the control.
+Prints, per shape, id kind and rule (passes only, or with the resolve), the share of rows
+by passes run, the share of rows whose k-th key has a copy, and the chance that a batch of
+64 rows holds a row of more than 3 passes (a launch waits for its slowest row). Unique ids
+are the control. On the H200 the k = 512 rows (64 rows, r4) took 4.5-5.4 us with passes
+only, by draw, and 4.2-4.6 with the resolve (RESULTS.md, twenty-fourth session).
 """
 import sys
 from collections import Counter
@@ -24,12 +28,14 @@ import torch
 from dsa_ext import reference
 
 TRACK_BELOW = 64  # stable_topk.TRACK_BELOW
+RESOLVE_KEYS = 32  # variants.RESOLVE_KEYS
 USUAL_PASSES = 3  # what almost every randn row takes
 MASK64 = (1 << 64) - 1
 
 
-def select_passes(keys: list, sel: int) -> tuple:
-    """(passes run, stopped on copies) for one row of unsigned keys (key 0: invalid)."""
+def select_passes(keys: list, sel: int, resolve: bool = False) -> tuple:
+    """(passes run, stopped on copies) for one row of unsigned keys (key 0: invalid);
+    with `resolve`, a bin of at most RESOLVE_KEYS keys ends the select one step later."""
     live = [x for x in keys if x != 0]
     need = min(sel, len(live))
     if need == 0:
@@ -58,6 +64,8 @@ def select_passes(keys: list, sel: int) -> tuple:
         need -= above
         if bucket == need:
             return p + 1, False
+        if resolve and bucket <= RESOLVE_KEYS:
+            return p + 2, False
     return 8, True
 
 
@@ -80,21 +88,19 @@ def main() -> int:
     g = torch.Generator().manual_seed(0)
     for K, W, k in ((512, 4, 512), (1024, 4, 1024), (2048, 2, 2048), (2048, 4, 2048)):
         for unique in (False, True):
-            keys = harness_rows(rows, K, W, unique, g)
-            runs, copied = Counter(), 0
-            for row in keys.tolist():
-                row = [x & MASK64 for x in row]
-                passes, _ = select_passes(row, k)
-                runs[passes] += 1
-                kth = sorted(row, reverse=True)[k - 1]
-                copied += row.count(kth) > 1
-            slow = sum(n for p, n in runs.items() if p > USUAL_PASSES) / rows
-            batch = 1 - (1 - slow) ** 64
-            shares = ", ".join(f"{p}: {100 * n / rows:.1f}%" for p, n in sorted(runs.items()))
-            print(f"K={K} W={W} k={k} {'unique ids' if unique else 'random ids'}: passes "
-                  f"{shares}; k-th key copied in {100 * copied / rows:.1f}% of rows; "
-                  f"a 64-row batch has a row of more than {USUAL_PASSES} passes with "
-                  f"p = {batch:.2f}")
+            keys = [[x & MASK64 for x in row]
+                    for row in harness_rows(rows, K, W, unique, g).tolist()]
+            copied = sum(row.count(sorted(row, reverse=True)[k - 1]) > 1 for row in keys)
+            for resolve in (False, True):
+                runs = Counter(select_passes(row, k, resolve)[0] for row in keys)
+                slow = sum(n for p, n in runs.items() if p > USUAL_PASSES) / rows
+                batch = 1 - (1 - slow) ** 64
+                shares = ", ".join(f"{p}: {100 * n / rows:.1f}%"
+                                   for p, n in sorted(runs.items()))
+                print(f"K={K} W={W} k={k} {'unique ids' if unique else 'random ids'}"
+                      f"{', resolve' if resolve else ''}: passes {shares}; k-th key copied "
+                      f"in {100 * copied / rows:.1f}% of rows; a 64-row batch has a row of "
+                      f"more than {USUAL_PASSES} passes with p = {batch:.2f}")
     return 0
 
 
