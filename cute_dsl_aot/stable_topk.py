@@ -83,7 +83,8 @@ import variants
 from variants import COPY_WORDS, CTL_WORDS, NUM_BINS, RADIX_BITS, RESOLVE_KEYS, STREAM_GROUP
 
 NUM_PASSES = 64 // RADIX_BITS
-# Shared control words: 0 digit, 1 keys above the bin, 2 bin count, 3 gather slots,
+# Shared control words: 0 digit, 1 keys above the bin, 2 bin count (after a small bin's
+# resolve: keys above its threshold key, copies of it), 3 gather slots (also the resolve's),
 # 5 keys to select, 6 the position-order scan's block total, 7 the rank sort's crowding.
 CTL_SCAN_TOTAL = 6
 CTL_CROWD = 7  # the rank sort: the sum over keys of the keys sharing their bin
@@ -494,7 +495,7 @@ def _resolve_small_bin(regs, mask: Int64, prefix: Int64, need: Int32, bucket: In
     """Default order, register variants: the select's bin (the ``bucket`` nonzero keys
     with ``key & mask == prefix``, at most RESOLVE_KEYS) holds the ``need``-th largest key
     but is not taken whole. Its keys are gathered into ``s_small`` (one shared atomic per
-    warp that holds one), and warp 0 ranks them (a key against every other by shuffles)
+    register slot of a warp that holds one of them), and warp 0 ranks them (a key against every other by shuffles)
     to find the threshold key ``t``: ``above`` bin keys are greater than it and ``c`` are
     copies of it, with ``above < need <= above + c``. Returns ``(t, need - above, c)``:
     the top keys are every key ``>= t`` when ``need - above == c``, else the keys ``> t``
@@ -1174,8 +1175,9 @@ def make_stable_topk(v: variants.Variant):
                                             byte_alignment=16)
             s_bases = smem.allocate_tensor(Int32, cute.make_layout((scan_n,)),
                                            byte_alignment=16)
-            s_small = smem.allocate_tensor(Int64, cute.make_layout((RESOLVE_KEYS,)),
-                                           byte_alignment=16)
+            if cutlass.const_expr(RESOLVE):
+                s_small = smem.allocate_tensor(Int64, cute.make_layout((RESOLVE_KEYS,)),
+                                               byte_alignment=16)
         s_hists = [smem.allocate_tensor(Int32, cute.make_layout((NUM_BINS + COPY_WORDS,)),
                                         byte_alignment=16) for _ in range(num_hists)]
         s_ctl = smem.allocate_tensor(Int32, cute.make_layout((CTL_WORDS,)), byte_alignment=16)

@@ -88,14 +88,14 @@ def scan_entries(v: Variant) -> int:
 
 def smem_bytes(v: Variant) -> int:
     """Dynamic shared memory of a variant, in this order (each 16-byte aligned): the sort
-    buffers (sorting variants) or the scan's counts and bases and the keys of a small bin
-    (default order), the histograms, the control words."""
+    buffers (sorting variants) or the scan's counts and bases and, where it resolves small
+    bins, their keys (default order), the histograms, the control words."""
     if v.ranked:
         data = v.sort_size * (8 + 4) + 32 * 8  # the keys, their bins, the warps' largest keys
     elif v.sorted:
         data = sort_buffers(v.sort_size) * v.sort_size * 8
     else:
-        data = 2 * scan_entries(v) * 4 + RESOLVE_KEYS * 8
+        data = 2 * scan_entries(v) * 4 + (RESOLVE_KEYS * 8 if v.resolves_small_bins else 0)
     return data + histograms(v.pair) * (NUM_BINS + COPY_WORDS) * 4 + CTL_WORDS * 4
 
 

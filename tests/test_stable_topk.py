@@ -798,34 +798,47 @@ DEFAULT_ORDER_VARIANTS = [("p8_u", 8, 1000),
                           ("r8_u", 4, 2048), ("r16_u", 8, 2048), ("g_u", 8, 3000)]
 
 
+#: Rows of make_small_bins: (keys in the bin, reached after the first pass, copy: None, or
+#: "one" (the threshold key copied once, one copy taken) or "taken" (the key above it
+#: copied over it: two copies, both taken), invalid keys among those below).
+SMALL_BIN_ROWS = [(2, True, None, False), (31, False, "one", True), (32, True, None, True),
+                  (33, False, "one", False), (32, False, "taken", False),
+                  (2, False, None, True), (31, True, "one", False), (32, False, None, False),
+                  (33, True, None, True), (32, True, "taken", True)]
+
+
 def make_small_bins(rows: int, n: int, k: int, seed: int) -> torch.Tensor:
-    """Rows whose k-th largest key sits in a bin of 2, 31, 32, 33 or 32 keys (distinct
-    keys sharing the top 16 bits, none of the bin taken whole), reached after the first
-    pass (every key above it has another top byte) or the second (half of them share its
-    top byte); in rows 1, 3 and 4 the bin's threshold key has a copy (a candidate gathered
-    twice). The default order of r4 / r8 resolves bins of up to 32 keys with one warp
-    (stable_topk._resolve_small_bin); 33 takes another pass first."""
+    """Rows whose k-th largest key sits in a bin of 2, 31, 32 or 33 distinct keys that share
+    their top 16 bits, of which only about half are taken (SMALL_BIN_ROWS, in turn). The
+    bin is what the first pass leaves when every key above it has another top byte, the
+    second when half of them share its top byte. The default order of r4 / r8 resolves
+    bins of up to 32 keys with one warp (stable_topk._resolve_small_bin); 33 takes another
+    pass first."""
     g = torch.Generator().manual_seed(seed)
     out = []
     for r in range(rows):
-        size = (2, 31, 32, 33, 32)[r % 5]
+        size, first_pass, copy, invalid = SMALL_BIN_ROWS[r % len(SMALL_BIN_ROWS)]
         need = (size + 1) // 2  # bin keys taken: the bin is not taken whole
         above = min(k, n - size) - need
         below = n - above - size
-        first_pass = r % 2 == 0
-        top_above = torch.randint(0xC100 if first_pass else 0xC001, 0x10000, (above,),
-                                  generator=g)
-        top = torch.cat([top_above, torch.full((size,), 0xC000),
+        shared = 0 if first_pass else above // 2  # above keys with the bin's top byte
+        top = torch.cat([torch.randint(0xC001, 0xC100, (shared,), generator=g),
+                         torch.randint(0xC100, 0x10000, (above - shared,), generator=g),
+                         torch.full((size,), 0xC000),
                          torch.randint(0x8000, 0xC000, (below,), generator=g)])
         low = torch.randint(0, 0x10000, (n,), generator=g)
         low[above:above + size] = torch.randperm(0x10000, generator=g)[:size]  # distinct
         gids = torch.randperm(4 * n, generator=g)[:n]
         ordered = (top << 16) | low  # the key's high word: ordered score bits
         keys = (ordered - 2**32) * 2**32 + (~gids & 0xFFFFFFFF)  # top >= 0x8000: negative
-        if r % 5 in (1, 3, 4):  # the bin's need-th largest key, copied over the next
-            bin_order = torch.sort(keys[above:above + size] ^ torch.iinfo(torch.int64).min,
-                                   descending=True).indices + above
+        bin_order = torch.sort(keys[above:above + size] ^ torch.iinfo(torch.int64).min,
+                               descending=True).indices + above
+        if copy == "one":  # the threshold key over the next: one of two copies taken
             keys[bin_order[need]] = keys[bin_order[need - 1]]
+        elif copy == "taken":  # the key above the threshold over it: both copies taken
+            keys[bin_order[need - 1]] = keys[bin_order[need - 2]]
+        if invalid:
+            keys[above + size:][torch.rand(below, generator=g) < 0.1] = 0
         out.append(keys[torch.randperm(n, generator=g)])
     return torch.stack(out)
 
@@ -907,8 +920,8 @@ def test_sorting_variants_match_reference(variant, W, K, kind):
 @pytest.mark.parametrize("n,k", [(2048, 1000), (4096, 2045), (8192, 2048)])
 def test_small_threshold_bins(device, n, k):
     """Bins of 2 to 33 keys at the k-th place, with and without a copied threshold key
-    (make_small_bins), in the variants the launcher picks for them."""
-    check(make_small_bins(5, n, k, seed=n + k), k, device)
+    (make_small_bins, every row kind), in the variants the launcher picks for them."""
+    check(make_small_bins(len(SMALL_BIN_ROWS), n, k, seed=n + k), k, device)
 
 
 @pytest.mark.parametrize("device", DEVICES)

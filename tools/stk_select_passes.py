@@ -64,8 +64,10 @@ def select_passes(keys: list, sel: int, resolve: bool = False) -> tuple:
         need -= above
         if bucket == need:
             return p + 1, False
-        if resolve and bucket <= RESOLVE_KEYS:
-            return p + 2, False
+        if resolve and bucket <= RESOLVE_KEYS:  # one warp ranks the bin's keys
+            ranked = sorted((x for x in live if x & mask == prefix), reverse=True)
+            threshold = ranked[need - 1]
+            return p + 2, ranked.count(threshold) > need - ranked.index(threshold)
     return 8, True
 
 
