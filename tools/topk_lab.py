@@ -15,6 +15,12 @@ graph-replay timings of the default order and of sorted=True per variant.
    ``--variants``, also every exported sorting variant that can run the row (bitonic
    ``*_s{S}`` and rank ``*_rank{S}``), forced, its time and whether its ids equal the
    launcher's choice's.
+3. With ``--harness-rows``: the side-by-side harness's k = 512 rows (64 rows, W = 4,
+   K = 512; each rank's local top-K is random ids, which repeat) from four seeds, the same
+   with unique ids, and unique ids with the k-th key copied into the (k+1)-th place of one
+   row / of every row, in both orders, each checked against the reference. Before the
+   small-bin resolve the default order took 4.5-5.4 us on the seeds and 6.3 us with every
+   row copied (H200, RESULTS.md, twenty-fourth session).
 Exit code 1 on any mismatch.
 """
 from __future__ import annotations
@@ -150,12 +156,67 @@ def timing(variants: bool) -> list:
     return results
 
 
+def harness_rows(seed: int, unique: bool, device: str = "cuda", rows: int = 64, K: int = 512,
+                 W: int = 4) -> torch.Tensor:
+    """[rows, W * K] candidates built as ../shared/peers' side_by_side.py builds its merge
+    rows (one generator: each rank's logits, then its local top-K ids), packed by dsa_ext."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    ncols = 131072 // W
+    packs = []
+    for rank in range(W):
+        logits = torch.randn((rows, ncols), device=device, generator=g)
+        if unique:
+            ids = torch.stack([torch.randperm(ncols, device=device, generator=g)[:K]
+                               for _ in range(rows)]).to(torch.int32)
+        else:
+            ids = torch.randint(0, ncols, (rows, K), dtype=torch.int32, device=device,
+                                generator=g)
+        packs.append(dsa_ext.pack_dcp_topk_candidates(logits, ids, rank, W))
+    return torch.cat(packs, dim=1).contiguous()
+
+
+def copy_kth(cands: torch.Tensor, k: int, rows) -> torch.Tensor:
+    """cands with the k-th largest key of each of `rows` also written over the (k+1)-th."""
+    cands = cands.clone()
+    order = torch.argsort(cands ^ SIGN, dim=1, descending=True, stable=True)
+    for r in rows:
+        cands[r, order[r, k]] = cands[r, order[r, k - 1]]
+    return cands
+
+
+def harness_rows_timing() -> tuple:
+    """(rows of results, mismatches) of section 3 of the module docstring."""
+    k = 512
+    unique = harness_rows(77, True)
+    cases = [(f"harness seed {s}", harness_rows(1000 + s, False)) for s in range(4)]
+    cases += [("unique ids", unique), ("unique ids, one row copied", copy_kth(unique, k, [5])),
+              ("unique ids, every row copied", copy_kth(unique, k, range(unique.shape[0])))]
+    results, failures = [], []
+    for name, cands in cases:
+        row = dict(rows=name)
+        for order in (False, True):
+            out = torch.empty(cands.shape[0], k, dtype=torch.int32, device="cuda")
+            call = lambda o=out, s=order: dsa_ext.stable_topk_from_candidates(  # noqa: E731
+                cands, k, out=o, sorted=s)
+            call()
+            want = reference.stable_topk_from_candidates(cands, k, sorted=order)
+            if not torch.equal(out, want):
+                failures.append(dict(rows=name, sorted=order))
+                print("MISMATCH", failures[-1], flush=True)
+            row["sorted_us" if order else "default_us"] = round(graph_us([call]), 2)
+        print(row, flush=True)
+        results.append(row)
+    return results, failures
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--quick", action="store_true", help="fewer correctness rows")
     parser.add_argument("--variants", action="store_true",
                         help="also time every sorting variant, forced")
+    parser.add_argument("--harness-rows", action="store_true",
+                        help="also time the harness's k = 512 rows and their copies")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("needs a CUDA device", file=sys.stderr)
@@ -163,6 +224,9 @@ def main() -> int:
     failures = correctness(args.quick)
     report = dict(device=torch.cuda.get_device_name(), failures=failures,
                   timing=timing(args.variants))
+    if args.harness_rows:
+        report["harness_rows"], more = harness_rows_timing()
+        failures += more
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(report, fh, indent=1)
