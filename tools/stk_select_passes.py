@@ -25,7 +25,7 @@ from collections import Counter
 
 import torch
 
-from dsa_ext import reference
+from topk_lab import harness_rows  # tools/ is the script's folder
 
 TRACK_BELOW = 64  # stable_topk.TRACK_BELOW
 RESOLVE_KEYS = 32  # variants.RESOLVE_KEYS
@@ -71,27 +71,13 @@ def select_passes(keys: list, sel: int, resolve: bool = False) -> tuple:
     return 8, True
 
 
-def harness_rows(rows: int, K: int, W: int, unique: bool, g: torch.Generator) -> torch.Tensor:
-    """[rows, W * K] keys: W ranks' packed local top-K, concatenated (side_by_side.py)."""
-    ncols = 131072 // W
-    parts = []
-    for rank in range(W):
-        logits = torch.randn(rows, ncols, generator=g)
-        if unique:
-            ids = torch.stack([torch.randperm(ncols, generator=g)[:K] for _ in range(rows)])
-        else:
-            ids = torch.randint(0, ncols, (rows, K), generator=g)
-        parts.append(reference.encode_candidate_keys(logits.gather(1, ids), ids * W + rank))
-    return torch.cat(parts, 1)
-
-
 def main() -> int:
     rows = int(sys.argv[1]) if len(sys.argv) > 1 else 512
     g = torch.Generator().manual_seed(0)
     for K, W, k in ((512, 4, 512), (1024, 4, 1024), (2048, 2, 2048), (2048, 4, 2048)):
         for unique in (False, True):
             keys = [[x & MASK64 for x in row]
-                    for row in harness_rows(rows, K, W, unique, g).tolist()]
+                    for row in harness_rows(g, unique, rows, K, W).tolist()]
             copied = sum(row.count(sorted(row, reverse=True)[k - 1]) > 1 for row in keys)
             for resolve in (False, True):
                 runs = Counter(select_passes(row, k, resolve)[0] for row in keys)

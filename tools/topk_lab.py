@@ -156,11 +156,12 @@ def timing(variants: bool) -> list:
     return results
 
 
-def harness_rows(seed: int, unique: bool, device: str = "cuda", rows: int = 64, K: int = 512,
+def harness_rows(g: torch.Generator, unique: bool, rows: int = 64, K: int = 512,
                  W: int = 4) -> torch.Tensor:
     """[rows, W * K] candidates built as ../shared/peers' side_by_side.py builds its merge
-    rows (one generator: each rank's logits, then its local top-K ids), packed by dsa_ext."""
-    g = torch.Generator(device=device).manual_seed(seed)
+    rows (each rank's logits, then its local top-K ids, from `g`), packed by dsa_ext on
+    g's device. tools/stk_select_passes.py builds its rows here too."""
+    device = g.device
     ncols = 131072 // W
     packs = []
     for rank in range(W):
@@ -187,8 +188,11 @@ def copy_kth(cands: torch.Tensor, k: int, rows) -> torch.Tensor:
 def harness_rows_timing() -> tuple:
     """(rows of results, mismatches) of section 3 of the module docstring."""
     k = 512
-    unique = harness_rows(77, True)
-    cases = [(f"harness seed {s}", harness_rows(1000 + s, False)) for s in range(4)]
+    def generator(seed: int) -> torch.Generator:
+        return torch.Generator(device="cuda").manual_seed(seed)
+
+    unique = harness_rows(generator(77), True)
+    cases = [(f"harness seed {s}", harness_rows(generator(1000 + s), False)) for s in range(4)]
     cases += [("unique ids", unique), ("unique ids, one row copied", copy_kth(unique, k, [5])),
               ("unique ids, every row copied", copy_kth(unique, k, range(unique.shape[0])))]
     results, failures = [], []
