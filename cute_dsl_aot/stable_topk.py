@@ -485,6 +485,7 @@ def _count_keys(cand: cute.Tensor, regs, row: Int32, tidx: Int32, lane: Int32, m
 
 @cute.jit
 def _unsigned_greater(a: Int64, b: Int64):
+    """a > b with both read as unsigned 64-bit keys."""
     return (a ^ Int64(SIGN_BIT)) > (b ^ Int64(SIGN_BIT))
 
 
@@ -495,9 +496,9 @@ def _resolve_small_bin(regs, mask: Int64, prefix: Int64, need: Int32, bucket: In
     """Default order, register variants: the select's bin (the ``bucket`` nonzero keys
     with ``key & mask == prefix``, at most RESOLVE_KEYS) holds the ``need``-th largest key
     but is not taken whole. Its keys are gathered into ``s_small`` (one shared atomic per
-    register slot of a warp that holds one of them), and warp 0 ranks them (a key against every other by shuffles)
-    to find the threshold key ``t``: ``above`` bin keys are greater than it and ``c`` are
-    copies of it, with ``above < need <= above + c``. Returns ``(t, need - above, c)``:
+    register slot of a warp that holds one of them), and warp 0 ranks them (a key against
+    every other by shuffles) to find the threshold key ``t``: ``above`` bin keys are
+    greater than it and ``c`` are copies of it, with ``above < need <= above + c``. Returns ``(t, need - above, c)``:
     the top keys are every key ``>= t`` when ``need - above == c``, else the keys ``> t``
     and ``need - above`` of its ``c`` copies. This replaces the one or more counting
     passes over the whole row that would split the bin further (a copied key takes two)."""
@@ -507,11 +508,7 @@ def _resolve_small_bin(regs, mask: Int64, prefix: Int64, need: Int32, bucket: In
         hit = (key != 0) & ((key & mask) == prefix)
         ballot = cute.arch.vote_ballot_sync(hit)
         if ballot != 0:
-            base = Int32(0)
-            if lane == 0:
-                base = cute.arch.atomic_add((s_ctl.iterator + 3).llvm_ptr,
-                                            cute.arch.popc(ballot))
-            base = cute.arch.shuffle_sync(base, 0)
+            base = _warp_slots(cute.arch.popc(ballot), lane, s_ctl, False)
             if hit:
                 s_small[base + cute.arch.popc(ballot & lanes_below)] = key
     cute.arch.sync_threads()
@@ -728,7 +725,7 @@ def _block_scan(entries, lane: Int32, warp: Int32, s_counts: cute.Tensor,
 @cute.jit
 def _classify(key: Int64, prefix: Int64):
     """(above the threshold, a copy of it) for one key; see _write_block_with_copies."""
-    return ((key ^ Int64(SIGN_BIT)) > (prefix ^ Int64(SIGN_BIT))), key == prefix
+    return _unsigned_greater(key, prefix), key == prefix
 
 
 def _row_of(out: cute.Tensor, row: Int32) -> cute.Tensor:
