@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import socket
+import sys
 import time
 from datetime import timedelta
 
@@ -156,12 +157,21 @@ def init_gloo(rank: int, world: int, port: int) -> None:
 
 
 def close_gloo() -> None:
-    """destroy_process_group, but not on torch before 2.5: its gloo teardown hangs now and
-    then (1 run in 5 with 4 ranks on 2.4.1, after every collective and the barrier are
-    done); the worker process exits right after, which frees the group as well."""
+    """End a worker whose checks all passed, after its last barrier.
+
+    torch >= 2.5: destroy_process_group, and the worker returns. Before 2.5 gloo's teardown
+    fails both ways (torch 2.4.1, 4 ranks): destroy_process_group hung about 1 run in 5,
+    and a process that exits with the group alive aborted now and then at interpreter exit
+    ("terminate called without an active exception", a joinable thread destroyed). So the
+    worker leaves with os._exit(0), which runs no destructor; every collective is done by
+    then, and a failure never gets here (the spawn wrapper reports its exception)."""
     import torch.distributed as dist
     if torch.__version__ >= (2, 5):
         dist.destroy_process_group()
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def assert_same(got: torch.Tensor, want: torch.Tensor, what: str, **ctx) -> None:
@@ -194,48 +204,46 @@ def dcp_merge_worker(rank: int, world: int, port: int, seed: int, n_cases: int) 
     import dsa_ext
     from dsa_ext import dcp
     init_gloo(rank, world, port)
-    try:
-        for i in range(n_cases):
-            # odd cases: the list-based collectives (backends without the fused ones)
-            dcp._UNFUSED.clear()
-            if i % 2:
-                dcp._UNFUSED.update({("all_gather", "gloo"), ("reduce_scatter", "gloo")})
-            group = dist.group.WORLD if i % 4 < 2 else None
-            interleave = (1, 2, 16)[i % 3]
-            base = (2.0, math.e)[(i // 3) % 2]
-            k = (4, 16, 40)[i % 3]
-            case = make_topk_case(seed * 1000 + i, world, interleave, rows=5,
-                                  max_len=(24, 80, 150)[(i + 1) % 3], k=k,
-                                  extra_cols=(0, 3)[i % 2], ties=i % 4 != 3,
-                                  row_starts=i % 2 == 1)
-            mine = case["ranks"][rank]
-            topk = mine["topk"].clone()
-            order = i % 3 == 2  # sorted=True in every third case
-            dsa_ext.merge_topk_global(mine["logits"], topk, k, rank=rank, world_size=world,
-                                      interleave=interleave, group=group,
-                                      row_starts=mine["row_starts"], sorted=order)
-            ctx = dict(rank=rank, case=i, interleave=interleave, k=k, sorted=order)
-            assert_same(topk[:, :k], merged_want(case, order), "merged top-k", **ctx)
-            assert (topk[:, k:] == -1).all(), f"columns >= k must be -1 {ctx}"
+    for i in range(n_cases):
+        # odd cases: the list-based collectives (backends without the fused ones)
+        dcp._UNFUSED.clear()
+        if i % 2:
+            dcp._UNFUSED.update({("all_gather", "gloo"), ("reduce_scatter", "gloo")})
+        group = dist.group.WORLD if i % 4 < 2 else None
+        interleave = (1, 2, 16)[i % 3]
+        base = (2.0, math.e)[(i // 3) % 2]
+        k = (4, 16, 40)[i % 3]
+        case = make_topk_case(seed * 1000 + i, world, interleave, rows=5,
+                              max_len=(24, 80, 150)[(i + 1) % 3], k=k,
+                              extra_cols=(0, 3)[i % 2], ties=i % 4 != 3,
+                              row_starts=i % 2 == 1)
+        mine = case["ranks"][rank]
+        topk = mine["topk"].clone()
+        order = i % 3 == 2  # sorted=True in every third case
+        dsa_ext.merge_topk_global(mine["logits"], topk, k, rank=rank, world_size=world,
+                                  interleave=interleave, group=group,
+                                  row_starts=mine["row_starts"], sorted=order)
+        ctx = dict(rank=rank, case=i, interleave=interleave, k=k, sorted=order)
+        assert_same(topk[:, :k], merged_want(case, order), "merged top-k", **ctx)
+        assert (topk[:, k:] == -1).all(), f"columns >= k must be -1 {ctx}"
 
-            q, keys, values = make_attention_inputs(seed * 1000 + i, 5, case["scores"].shape[1],
-                                                    heads=4 * world)
-            sel = topk[:, :k]
-            part_out, part_lse = sparse_attention(
-                q, keys, values, shard_selection(sel, rank, world, interleave), base)
-            full_out, full_lse = sparse_attention(q, keys, values, sel, base)
-            dtype = torch.bfloat16 if i % 5 == 4 else torch.float32
-            merged, lse = dsa_ext.merge_attention_outputs(
-                part_out.to(dtype), part_lse, rank=rank, world_size=world, group=group,
-                lse_base=base, return_lse=True)
-            Hl = q.shape[1] // world
-            heads = slice(rank * Hl, (rank + 1) * Hl)
-            want_out = torch.nan_to_num(full_out[:, heads], nan=0.0)  # empty rows -> 0
-            tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else \
-                dict(rtol=2e-2, atol=2e-2)
-            torch.testing.assert_close(merged.float(), want_out, **tol, msg=lambda m: f"{m} {ctx}")
-            torch.testing.assert_close(lse, full_lse[:, heads], rtol=1e-5, atol=1e-5,
-                                       msg=lambda m: f"lse {m} {ctx}")
-        dist.barrier()
-    finally:
-        close_gloo()
+        q, keys, values = make_attention_inputs(seed * 1000 + i, 5, case["scores"].shape[1],
+                                                heads=4 * world)
+        sel = topk[:, :k]
+        part_out, part_lse = sparse_attention(
+            q, keys, values, shard_selection(sel, rank, world, interleave), base)
+        full_out, full_lse = sparse_attention(q, keys, values, sel, base)
+        dtype = torch.bfloat16 if i % 5 == 4 else torch.float32
+        merged, lse = dsa_ext.merge_attention_outputs(
+            part_out.to(dtype), part_lse, rank=rank, world_size=world, group=group,
+            lse_base=base, return_lse=True)
+        Hl = q.shape[1] // world
+        heads = slice(rank * Hl, (rank + 1) * Hl)
+        want_out = torch.nan_to_num(full_out[:, heads], nan=0.0)  # empty rows -> 0
+        tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else \
+            dict(rtol=2e-2, atol=2e-2)
+        torch.testing.assert_close(merged.float(), want_out, **tol, msg=lambda m: f"{m} {ctx}")
+        torch.testing.assert_close(lse, full_lse[:, heads], rtol=1e-5, atol=1e-5,
+                                   msg=lambda m: f"lse {m} {ctx}")
+    dist.barrier()
+    close_gloo()
