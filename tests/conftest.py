@@ -1,6 +1,9 @@
 """Shared fixtures: every op test runs on the CPU everywhere and on CUDA when present."""
 import contextlib
+import glob
 import os
+import shutil
+import sys
 
 import pytest
 import torch
@@ -15,8 +18,6 @@ settings.register_profile("sanitizer", max_examples=6, deadline=None,
 settings.load_profile(os.environ.get("DSA_EXT_HYPOTHESIS_PROFILE", "dsa"))
 
 HAS_CUDA = torch.cuda.is_available()
-
-requires_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
 
 
 def cuda_sms() -> int:
@@ -50,6 +51,29 @@ def forced_convert_plan(code: int):
     return _overridden("set_convert_plan_override", code, -1)
 
 
+#: The archs every release build carries SASS for (the CMake default): sm_90a (Hopper),
+#: sm_100a (Blackwell).
+RELEASE_ARCHS = {"90a-real", "100a-real"}
+
+
+def tool_path(name: str) -> str:
+    """A binutils / CUDA tool from PATH or from the nvidia-cuda-cuobjdump wheel; skips the
+    test without it."""
+    found = shutil.which(name)
+    if found is None:
+        wheel_bins = glob.glob(os.path.join(sys.prefix, "lib", "python*", "site-packages",
+                                            "nvidia", "*", "bin", name))
+        found = wheel_bins[0] if wheel_bins else None
+    if found is None:
+        pytest.skip(f"{name} is not installed")
+    return found
+
+
+def cubin_archs(listing: str) -> set:
+    """The "sm_XX" names of the cubins in a `cuobjdump --list-elf` listing."""
+    return {line.rsplit(".", 2)[-2] for line in listing.splitlines() if ".cubin" in line}
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cuda" in item.keywords and not HAS_CUDA:
@@ -72,9 +96,10 @@ def device(request):
 
 
 def assert_equal(got: torch.Tensor, want: torch.Tensor, **ctx):
-    """Exact comparison that names the first mismatching coordinate and the case."""
-    got = got.cpu()
-    want = want.cpu().to(got.dtype)
+    """Exact comparison (dtype, shape, every element) that names the first mismatching
+    coordinate and the case."""
+    got, want = got.cpu(), want.cpu()
+    assert got.dtype == want.dtype, f"dtype {got.dtype} != {want.dtype} {ctx}"
     assert got.shape == want.shape, f"shape {tuple(got.shape)} != {tuple(want.shape)} {ctx}"
     if not torch.equal(got, want):
         first = tuple((got != want).nonzero()[0].tolist())

@@ -41,10 +41,11 @@ def test_every_length_every_rank_equals_naive_count(device, world, interleave, d
     every = seq_lens.local_seq_lens(L, None, world, interleave)
     assert every.shape == (33, world) and every.dtype == dtype
     for rank in range(world):
-        want = torch.tensor([naive_local_length(n, rank, world, interleave) for n in range(33)])
+        want = torch.tensor([naive_local_length(n, rank, world, interleave) for n in range(33)],
+                            dtype=dtype)
         assert_equal(seq_lens.local_seq_lens(L, rank, world, interleave), want, rank=rank)
         assert_equal(every[:, rank], want, rank=rank)
-    assert_equal(every.sum(dim=1), L)  # every position has exactly one owner
+    assert_equal(every.sum(dim=1, dtype=dtype), L)  # every position has exactly one owner
 
 
 @pytest.mark.parametrize("interleave", [1, 2, 4, 16])
@@ -71,25 +72,31 @@ def test_shapes_strides_and_out(device):
     assert seq_lens.local_seq_lens(torch.empty(0, dtype=I32, device=device), None, 3).shape == (0, 3)
 
 
+def random_lengths(n: int, big: bool, seed: int) -> torch.Tensor:
+    """n lengths, negative ones included (lengths are data: they must give a defined 0),
+    int64 up to 2^40 (`big`) or int32."""
+    g = torch.Generator().manual_seed(seed)
+    high = (1 << 40) if big else (1 << 30)
+    return torch.randint(-(1 << 20), high, (n,), generator=g, dtype=I64).to(I64 if big else I32)
+
+
 @given(world=st.integers(1, 8), interleave=st.sampled_from([1, 2, 4, 16]),
        data=st.data(), n=st.integers(0, 300), big=st.booleans())
 def test_random_lengths_vs_reference(world, interleave, data, n, big):
     rank = data.draw(st.one_of(st.none(), st.integers(0, world - 1)))
-    g = torch.Generator().manual_seed(n)
-    dtype = I64 if big else I32
-    low = -(1 << 20)  # lengths are data: negative ones must give a defined 0
-    L = torch.randint(low, (1 << 40) if big else (1 << 30), (n,), generator=g, dtype=I64).to(dtype)
+    L = random_lengths(n, big, seed=n)
     assert_equal(seq_lens.local_seq_lens(L, rank, world, interleave),
                  reference.local_seq_lens(L, rank, world, interleave))
 
 
 @pytest.mark.cuda
-@given(world=st.integers(1, 8), interleave=st.sampled_from([1, 2, 4, 16]), data=st.data())
-def test_random_lengths_cuda_equals_cpu(world, interleave, data):
+@given(world=st.integers(1, 8), interleave=st.sampled_from([1, 2, 4, 16]), data=st.data(),
+       n=st.integers(0, 3000), big=st.booleans(), seed=st.integers(0, 2**31 - 1))
+def test_random_lengths_cuda_vs_reference(world, interleave, data, n, big, seed):
     rank = data.draw(st.one_of(st.none(), st.integers(0, world - 1)))
-    L = torch.randint(-(1 << 20), 1 << 30, (513,), dtype=I32)
-    cpu = seq_lens.local_seq_lens(L, rank, world, interleave)
-    assert_equal(seq_lens.local_seq_lens(L.cuda(), rank, world, interleave), cpu)
+    L = random_lengths(n, big, seed)
+    assert_equal(seq_lens.local_seq_lens(L.cuda(), rank, world, interleave),
+                 reference.local_seq_lens(L, rank, world, interleave))
 
 
 def test_negative_lengths_own_nothing(device):

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 import dsa_ext
 from dsa_ext import dcp, reference
-from conftest import assert_equal, capture_graph as _capture, requires_cuda
+from conftest import assert_equal, capture_graph as _capture
 from dcp_cases import fake_all_gather, make_topk_case, merged_want
 
 I32, I64, F32 = torch.int32, torch.int64, torch.float32
@@ -191,9 +191,10 @@ def test_pack_cat_select_equals_global_topk(device, world, interleave):
             got = reference.stable_topk_from_candidates(torch.cat(packed, dim=1).cpu(),
                                                         case["k"], sorted=order)
             assert_equal(got, merged_want(case, order), seed=seed, sorted=order)
-            # the all-gathered layout [W, rows, K] selects the same, in the same order
-            got3 = reference.stable_topk_from_candidates(torch.stack(packed).cpu(), case["k"],
-                                                         sorted=order)
+            # the op on the all-gathered layout [W, rows, K] selects the same, in the same
+            # order
+            got3 = dsa_ext.stable_topk_from_candidates(torch.stack(packed), case["k"],
+                                                       sorted=order)
             assert_equal(got3, got, seed=seed, sorted=order)
 
 
@@ -356,7 +357,7 @@ def test_cuda_graph_replay_with_new_inputs_and_no_sync():
         assert_equal(out, want, seed=seed)
 
 
-@requires_cuda
+@pytest.mark.cuda
 def test_mixed_devices_raise():
     with pytest.raises(ValueError, match="logits must be on cuda"):
         dsa_ext.pack_dcp_topk_candidates(torch.zeros(2, 8), GOOD["topk_indices"].cuda(), 0, 2)

@@ -340,7 +340,7 @@ def test_builder_native_and_flatten_layouts(device, next_n):
         assert_equal(md.context_lens.reshape(-1), want)
         assert_equal(md.row_ends, want)
         assert_equal(md.seq_lens_per_token, want)
-        assert_equal(md.row_map, torch.arange(B).repeat_interleave(next_n))
+        assert_equal(md.row_map, torch.arange(B, dtype=I32).repeat_interleave(next_n))
         assert md.max_context_len == NB * bs
     # Ragged batches are always flattened.
     r = native.build_decode(S, qsl, table, B, B * next_n, uniform=False)
@@ -424,33 +424,34 @@ def test_bad_input_names_the_argument():
         decode_context_lens(S, 4)
     with pytest.raises(ValueError, match="exactly one of next_n"):
         decode_context_lens(S, 4, next_n=2, query_start_loc=qsl)
-    with pytest.raises(ValueError, match="query_start_loc must have at least 3 entries"):
+    with pytest.raises(ValueError, match=r"query_start_loc must have at least 3 entries .*, got 2"):
         decode_context_lens(S, 4, query_start_loc=qsl[:2])
     with pytest.raises(TypeError, match="seq_lens must be int32, got torch.int64"):
         decode_context_lens(S.long(), 4, next_n=2)
-    with pytest.raises(ValueError, match="out must have at least 4 entries"):
+    with pytest.raises(ValueError, match=r"out must have at least 4 entries .*, got shape \(3,\)"):
         decode_context_lens(S, 4, next_n=2, out=torch.zeros(3, dtype=I32))
-    with pytest.raises(ValueError, match="local_out must have 2 columns"):
+    with pytest.raises(ValueError, match=r"local_out must have 2 columns, got shape \(4, 3\)"):
         decode_context_lens(S, 4, next_n=2, dcp_world_size=2, dcp_rank=None,
                             local_out=torch.zeros(4, 3, dtype=I32))
-    with pytest.raises(ValueError, match="dcp_rank must be < dcp_world_size"):
+    with pytest.raises(ValueError, match=r"dcp_rank must be < dcp_world_size \(2\), got 2"):
         decode_context_lens(S, 4, next_n=2, dcp_world_size=2, dcp_rank=2)
-    with pytest.raises(ValueError, match="compress_ratio must be >= 1"):
+    with pytest.raises(ValueError, match="compress_ratio must be >= 1, got 0"):
         decode_context_lens(S, 4, next_n=2, compress_ratio=0)
-    with pytest.raises(ValueError, match="row_starts must have at least 1 entries"):
+    with pytest.raises(ValueError, match=r"row_starts must have at least 1 entries .*, got 0"):
         prefill_chunk_bounds(i32([8]), i32([0, 8]), i32([]), 0, 8)
-    with pytest.raises(ValueError, match="token_end must be >= 4"):
+    with pytest.raises(ValueError, match="token_end must be >= 4, got 2"):
         prefill_chunk_bounds(i32([8]), i32([0, 8]), i32([0]), 4, 2)
     b = IndexerMetadataBuilder("cpu", 2, 64, 2, 4096)
-    with pytest.raises(ValueError, match="num_decode_tokens must be num_decode_reqs"):
+    with pytest.raises(ValueError, match="num_decode_tokens must be num_decode_reqs .*, got 3"):
         b.build_decode(S, qsl, torch.zeros(2, 4, dtype=I32), 2, 3, uniform=True)
-    with pytest.raises(ValueError, match="num_decode_reqs must be <= 2"):
+    with pytest.raises(ValueError, match="num_decode_reqs must be <= 2, got 3"):
         b.build_decode(S, qsl, torch.zeros(2, 4, dtype=I32), 3, 6, uniform=True)
     with pytest.raises(ValueError, match="query_start_loc is required"):
         b.build_decode(S, None, torch.zeros(2, 4, dtype=I32), 2, 3, uniform=False)
-    with pytest.raises(ValueError, match="block_size .* must be a multiple of interleave"):
+    with pytest.raises(ValueError,
+                       match=r"block_size \(6\) must be a multiple of interleave \(4\)"):
         IndexerMetadataBuilder("cpu", 2, 6, 2, 4096, dcp_world_size=2, interleave=4)
-    with pytest.raises(ValueError, match="query_start_loc must have shape"):
+    with pytest.raises(ValueError, match=r"query_start_loc must have shape \(2,\), got \(3,\)"):
         b.build_prefill(i32([8]), i32([0, 8, 9]))
 
 

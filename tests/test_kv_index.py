@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 import dsa_ext
 from dsa_ext import reference
-from conftest import assert_equal, capture_graph, forced_convert_plan, requires_cuda
+from conftest import assert_equal, capture_graph, forced_convert_plan
 
 I32 = torch.int32
 
@@ -236,24 +236,29 @@ GOOD = dict(req_id=torch.zeros(2, dtype=I32), block_table=torch.zeros(1, 4, dtyp
 @pytest.mark.parametrize("change, error, text", [
     (dict(token_indices=torch.zeros(2, 8, dtype=torch.int64)), TypeError,
      "token_indices must be int32, got torch.int64"),
-    (dict(req_id=torch.zeros(3, dtype=I32)), ValueError, "req_id must have shape (2,)"),
-    (dict(block_table=torch.zeros(4, dtype=I32)), ValueError, "block_table must be 2-D"),
-    (dict(token_indices=torch.zeros(2, 0, dtype=I32)), ValueError, "at least one column"),
-    (dict(block_size=0), ValueError, "block_size must be >= 1"),
+    (dict(req_id=torch.zeros(3, dtype=I32)), ValueError, "req_id must have shape (2,), got (3,)"),
+    (dict(block_table=torch.zeros(4, dtype=I32)), ValueError,
+     "block_table must be 2-D, got shape (4,)"),
+    (dict(token_indices=torch.zeros(2, 0, dtype=I32)), ValueError,
+     "token_indices must have at least one column, got shape (2, 0)"),
+    (dict(block_size=0), ValueError, "block_size must be >= 1, got 0"),
     (dict(block_size=6, interleave=4, dcp_world_size=2), ValueError,
      "block_size (6) must be a multiple of interleave (4)"),
-    (dict(dcp_world_size=2, dcp_rank=2), ValueError, "dcp_rank must be < dcp_world_size"),
-    (dict(dcp_world_size=0), ValueError, "dcp_world_size must be >= 1"),
-    (dict(dcp_rank=-1), ValueError, "dcp_rank must be >= 0"),
-    (dict(block_stride=2), ValueError, "block_stride must be >= 4"),
-    (dict(block_size=4.0), TypeError, "block_size must be an int"),
+    (dict(dcp_world_size=2, dcp_rank=2), ValueError,
+     "dcp_rank must be < dcp_world_size (2), got 2"),
+    (dict(dcp_world_size=0), ValueError, "dcp_world_size must be >= 1, got 0"),
+    (dict(dcp_rank=-1), ValueError, "dcp_rank must be >= 0, got -1"),
+    (dict(block_stride=2), ValueError, "block_stride must be >= 4, got 2"),
+    (dict(block_size=4.0), TypeError, "block_size must be an int, got float"),
     (dict(block_size=torch.tensor(4)), TypeError,
      "block_size must be an int, got a tensor of shape ()"),
-    (dict(out=torch.zeros(2, 7, dtype=I32)), ValueError, "out must have shape (2, 8)"),
-    (dict(valid_counts=torch.zeros(2, dtype=torch.int64)), TypeError, "valid_counts must be int32"),
-    (dict(idx_mapping=torch.zeros(2, 2, dtype=I32)), ValueError, "idx_mapping must be 1-D"),
+    (dict(out=torch.zeros(2, 7, dtype=I32)), ValueError, "out must have shape (2, 8), got (2, 7)"),
+    (dict(valid_counts=torch.zeros(2, dtype=torch.int64)), TypeError,
+     "valid_counts must be int32, got torch.int64"),
+    (dict(idx_mapping=torch.zeros(2, 2, dtype=I32)), ValueError,
+     "idx_mapping must be 1-D, got shape (2, 2)"),
     (dict(prefill_request_id=torch.zeros(2, dtype=I32)), ValueError,
-     "prefill_workspace_starts is required"),
+     "prefill_workspace_starts is required with prefill_request_id"),
     (dict(req_id=[0, 0]), TypeError, "req_id must be a torch.Tensor, got list"),
 ])
 def test_bad_input_names_the_argument(change, error, text):
@@ -265,7 +270,7 @@ def test_bad_input_names_the_argument(change, error, text):
     assert text in str(info.value)
 
 
-@requires_cuda
+@pytest.mark.cuda
 def test_mixed_devices_raise():
     with pytest.raises(ValueError, match="req_id must be on cuda"):
         dsa_ext.convert_req_index_to_global_index(

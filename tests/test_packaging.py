@@ -1,29 +1,14 @@
 """The built module: machine code for the promised archs, no libtorch/libcudart linkage."""
-import glob
 import json
 import os
-import shutil
+import re
 import subprocess
 import sys
-
-import pytest
+from pathlib import Path
 
 import dsa_ext
 from dsa_ext import _C
-
-DEFAULT_ARCHS = {"90a-real", "100a-real"}
-
-
-def _tool(name: str) -> str:
-    """A binutils/CUDA tool from PATH or from the nvidia-cuda-cuobjdump wheel."""
-    found = shutil.which(name)
-    if found is None:
-        wheel_bins = glob.glob(os.path.join(sys.prefix, "lib", "python*", "site-packages",
-                                            "nvidia", "*", "bin", name))
-        found = wheel_bins[0] if wheel_bins else None
-    if found is None:
-        pytest.skip(f"{name} is not installed")
-    return found
+from conftest import RELEASE_ARCHS, cubin_archs, tool_path
 
 
 def _run(*cmd) -> str:
@@ -31,27 +16,29 @@ def _run(*cmd) -> str:
 
 
 def test_no_torch_or_cuda_runtime_linkage():
-    needed = [line for line in _run(_tool("readelf"), "-d", _C.__file__).splitlines()
+    needed = [line for line in _run(tool_path("readelf"), "-d", _C.__file__).splitlines()
               if "(NEEDED)" in line]
     assert needed, "readelf found no NEEDED entries"
     for lib in ("libtorch", "libc10", "libcudart", "libcuda.so", "libnvrtc"):
         assert not any(lib in line for line in needed), f"{_C.__file__} links {lib}: {needed}"
-    undefined = _run(_tool("nm"), "-D", "--undefined-only", _C.__file__)
+    undefined = _run(tool_path("nm"), "-D", "--undefined-only", _C.__file__)
     assert "_ZN3c10" not in undefined and "_ZN2at" not in undefined
 
 
 def test_sass_for_every_compiled_arch():
-    listing = _run(_tool("cuobjdump"), "--list-elf", _C.__file__)
-    cubins = {line.rsplit(".", 2)[-2] for line in listing.splitlines() if ".cubin" in line}
+    listing = _run(tool_path("cuobjdump"), "--list-elf", _C.__file__)
+    cubins = cubin_archs(listing)
     want = {"sm_" + arch.split("-")[0] for arch in dsa_ext.cuda_archs}
     assert want <= cubins, f"module holds {sorted(cubins)}, compiled for {dsa_ext.cuda_archs}"
     assert not any(".ptx" in line for line in listing.splitlines())
 
 
-@pytest.mark.skipif(set(dsa_ext.cuda_archs) != DEFAULT_ARCHS,
-                    reason="a developer build restricted CMAKE_CUDA_ARCHITECTURES")
-def test_default_build_targets_hopper_and_blackwell():
-    assert set(dsa_ext.cuda_archs) == DEFAULT_ARCHS
+def test_cmake_default_is_the_release_archs():
+    """Builds that set no CMAKE_CUDA_ARCHITECTURES (the release wheel: tests/test_wheel.py
+    checks its machine code) target the promised archs."""
+    text = (Path(__file__).resolve().parents[1] / "CMakeLists.txt").read_text()
+    default = re.search(r'set\(CMAKE_CUDA_ARCHITECTURES "([^"]+)"\)', text)
+    assert default and set(default.group(1).split(";")) == RELEASE_ARCHS, default
 
 
 def test_import_needs_no_gpu():

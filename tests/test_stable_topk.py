@@ -14,11 +14,9 @@ from hypothesis import strategies as st
 
 import dsa_ext
 from dsa_ext import reference
-from conftest import capture_graph, cuda_sms, forced_topk_variant
+from conftest import HAS_CUDA, capture_graph, cuda_sms, forced_topk_variant
 
-HAS_CUDA = torch.cuda.is_available()
-cuda_only = [pytest.mark.cuda, pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")]
-DEVICES = ["cpu", pytest.param("cuda", marks=cuda_only)]
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
 
 INT32_MAX = 2**31 - 1
 SPECIAL_SCORES = [float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 1.0, -1.0,
@@ -255,7 +253,6 @@ def test_two_ctas_per_sm_segments(device, W, K, k):
 
 
 @pytest.mark.cuda
-@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
 def test_variant_choice_by_rows():
     """Sorting, K = 2048, k = 2048: a rank sort of 4096 keys at every row count (one CTA of
     1024 threads, 8 keys per thread at W = 4, 4 at W = 2); at W = 8 the bitonic sort,
@@ -584,7 +581,6 @@ def test_hypothesis_cuda(rows, n, k, data):
 
 
 @pytest.mark.cuda
-@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
 @given(rows=st.integers(1, 4), n=st.integers(1, 70), k=st.integers(1, 90), data=st.data(),
        variant=st.sampled_from(["r4_rank512", "g_rank8192"]))
 def test_hypothesis_rank_sort_cuda(rows, n, k, data, variant):
@@ -606,32 +602,31 @@ def test_hypothesis_rank_sort_cuda(rows, n, k, data, variant):
 def test_errors_name_the_argument():
     good = torch.zeros(2, 8, dtype=torch.int64)
     f = dsa_ext.stable_topk_from_candidates
-    with pytest.raises(TypeError, match="candidates must be int64"):
+    with pytest.raises(TypeError, match="candidates must be int64, got torch.int32"):
         f(good.int(), 4)
-    with pytest.raises(TypeError, match="candidates must be a torch.Tensor"):
+    with pytest.raises(TypeError, match="candidates must be a torch.Tensor, got list"):
         f([[1, 2]], 4)
-    with pytest.raises(ValueError, match="candidates must be 2-D .* or 3-D"):
+    with pytest.raises(ValueError, match=r"candidates must be 2-D .* or 3-D .*, got shape \(8,\)"):
         f(torch.zeros(8, dtype=torch.int64), 4)
-    with pytest.raises(ValueError, match="at least one candidate"):
+    with pytest.raises(ValueError, match=r"at least one candidate .*, got shape \(2, 0\)"):
         f(torch.zeros(2, 0, dtype=torch.int64), 4)
-    with pytest.raises(ValueError, match="at least one candidate"):
+    with pytest.raises(ValueError, match=r"at least one candidate .*, got shape \(0, 2, 5\)"):
         f(torch.zeros(0, 2, 5, dtype=torch.int64), 4)
-    with pytest.raises(ValueError, match="k must be >= 1"):
+    with pytest.raises(ValueError, match="k must be >= 1, got 0"):
         f(good, 0)
-    with pytest.raises(TypeError, match="k must be an int"):
+    with pytest.raises(TypeError, match="k must be an int, got float"):
         f(good, 2.0)
-    with pytest.raises(TypeError, match="out must be int32"):
+    with pytest.raises(TypeError, match="out must be int32, got torch.int64"):
         f(good, 4, out=torch.zeros(2, 4, dtype=torch.int64))
-    with pytest.raises(ValueError, match=r"out must have shape \(2, 4\)"):
+    with pytest.raises(ValueError, match=r"out must have shape \(2, 4\), got \(2, 5\)"):
         f(good, 4, out=torch.zeros(2, 5, dtype=torch.int32))
-    with pytest.raises(ValueError, match="out must be 2-D"):
+    with pytest.raises(ValueError, match=r"out must be 2-D, got shape \(8,\)"):
         f(good, 4, out=torch.zeros(8, dtype=torch.int32))
     with pytest.raises(TypeError, match="sorted must be a bool, got int"):
         f(good, 4, sorted=1)
 
 
 @pytest.mark.cuda
-@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
 def test_errors_cuda():
     f = dsa_ext.stable_topk_from_candidates
     cands = torch.zeros(2, 20000, dtype=torch.int64, device="cuda")
@@ -681,7 +676,6 @@ def test_registered_op_and_fake():
 
 
 @pytest.mark.cuda
-@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
 @pytest.mark.parametrize("W,K,k", [(4, 2048, 2048), (8, 2048, 2048), (4, 6000, 3000),
                                    (2, 4096, 8192)])
 @pytest.mark.parametrize("order", [False, True])
@@ -709,7 +703,6 @@ def test_cuda_no_host_sync(W, K, k, order):
 
 
 @pytest.mark.cuda
-@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
 @pytest.mark.parametrize("W,K,k", [(4, 2048, 2048), (8, 2048, 2048), (4, 6000, 3000),
                                    (2, 4096, 8192)])
 @pytest.mark.parametrize("order", [False, True])
@@ -731,14 +724,30 @@ def test_cuda_graph_capture_replay(W, K, k, order):
 
 
 @pytest.mark.cuda
-@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
-def test_cuda_other_device_and_stream():
-    """Runs on the tensor's device and the current stream of that device."""
-    dev = torch.cuda.device_count() - 1
+def test_cuda_runs_on_the_current_stream():
+    """The launch goes to the current stream: it reads the candidates that stream writes
+    behind a long sleep (on any other stream it would read the zeros)."""
+    cands = make_keys("random", 8, 500, seed=11)
+    src = cands.cuda()
+    dst = torch.zeros_like(src)
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(100_000_000)  # about 50 ms of GPU clocks
+        dst.copy_(src)
+        got = dsa_ext.stable_topk_from_candidates(dst, 100)
+    side.synchronize()
+    assert torch.equal(got.cpu(), reference.stable_topk_from_candidates(cands, 100))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_cuda_runs_on_the_tensors_device():
+    """The launch goes to the candidates' device, not the current one."""
     cands = make_keys("random", 8, 500, seed=11)
     with torch.cuda.device(0):
-        got = dsa_ext.stable_topk_from_candidates(cands.to(f"cuda:{dev}"), 100)
-    assert got.device.index == dev
+        got = dsa_ext.stable_topk_from_candidates(cands.to("cuda:1"), 100)
+    assert got.device.index == 1
     assert torch.equal(got.cpu(), reference.stable_topk_from_candidates(cands, 100))
 
 
@@ -860,7 +869,6 @@ def make_pair_copies(rows: int, n: int, k: int, seed: int) -> torch.Tensor:
 
 
 @pytest.mark.cuda
-@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
 @pytest.mark.parametrize("variant,W,K", DEFAULT_ORDER_VARIANTS)
 @pytest.mark.parametrize("kind", ["random", "ties", "shortfall", "pair_copies",
                                   "threshold_copies", "small_bins"])
@@ -902,7 +910,6 @@ SORTING_VARIANTS = [("d8_s512", 2, 2048), ("d8_s2048", 2, 2048), ("d16_s1024", 4
 
 
 @pytest.mark.cuda
-@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
 @pytest.mark.parametrize("variant,W,K", SORTING_VARIANTS)
 @pytest.mark.parametrize("kind", ["random", "ties", "bf16", "shortfall", "pair_copies",
                                   "threshold_copies"])
@@ -933,7 +940,6 @@ def test_a_duplicated_threshold_key(device, rows, n, k):
 
 
 @pytest.mark.cuda
-@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
 def test_variant_override_errors():
     """A name the build lacks is refused when set; a variant that cannot run the shape
     (8 keys per thread, 1024 threads: N <= 8192) is refused at launch, naming it."""

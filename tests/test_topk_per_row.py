@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 import dsa_ext
 from dsa_ext import reference
 from dsa_ext.topk import CUDA_MAX_SORTED
-from conftest import assert_equal, capture_graph, forced_topk_plan, requires_cuda
+from conftest import assert_equal, capture_graph, forced_topk_plan
 
 I32 = torch.int32
 BOUNDS = ("lengths", "seq_lens", "next_n", "row_starts", "row_ends")
@@ -259,7 +259,7 @@ def test_bad_input_names_the_argument(args, kw, error, text):
     assert text in str(info.value)
 
 
-@requires_cuda
+@pytest.mark.cuda
 def test_cuda_limits_and_devices():
     with pytest.raises(ValueError, match="lengths must be on cuda"):
         dsa_ext.topk_per_row(X.cuda(), 2, lengths=torch.zeros(4, dtype=I32))

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import RELEASE_ARCHS, cubin_archs, tool_path
+
 ROOT = Path(__file__).resolve().parents[1]
 WHEEL = os.environ.get("DSA_EXT_WHEEL")
 PLAT = "manylinux_2_28_x86_64"
@@ -144,3 +146,11 @@ def test_linkage(module_so, policy):
                  for line in _run("nm", "-D", "--undefined-only", str(module_so)).splitlines()]
     foreign = [s for s in undefined if re.match(r"_ZN3c10|_ZN2at|cuda[A-Z]|cu[A-Z]", s)]
     assert undefined and not foreign, f"needs libtorch, CUDA runtime or driver symbols: {foreign}"
+
+
+def test_machine_code_for_the_release_archs(module_so):
+    """SASS for sm_90a and sm_100a, and no PTX (nothing is compiled at run time)."""
+    listing = _run(tool_path("cuobjdump"), "--list-elf", str(module_so))
+    want = {"sm_" + arch.split("-")[0] for arch in RELEASE_ARCHS}
+    assert cubin_archs(listing) == want, listing
+    assert not _run(tool_path("cuobjdump"), "--list-ptx", str(module_so)).strip()
