@@ -234,6 +234,55 @@ def _check_topk_per_row(device: torch.device, clock: Clock) -> None:
     _equal("topk_to_slots valid_counts", counts, want_counts)
 
 
+@check("topk_to_candidates")
+def _check_topk_to_candidates(device: torch.device, clock: Clock) -> None:
+    g = torch.Generator().manual_seed(6)
+    rows, L, k = 8, 8192, 1024
+    logits = torch.randn(rows, L, generator=g)
+    logits[:, ::5] = torch.randint(0, 3, (rows, (L + 4) // 5), generator=g).float()  # ties
+    logits[0, :100] = float("nan")
+    starts = torch.randint(-8, 600, (rows,), generator=g, dtype=torch.int32)  # prefill ks
+    ends = starts + torch.randint(0, 4000, (rows,), generator=g, dtype=torch.int32)
+    prefill = {"row_starts": starts, "row_ends": ends}
+    for world, rank, interleave, bounds in ((1, 0, 1, {}), (4, 3, 16, prefill)):
+        want = clock.ref(reference.topk_to_candidates, logits, k, rank, world, interleave,
+                         **bounds)
+        got = clock.op(dsa_ext.topk_to_candidates, logits.to(device), k, rank, world,
+                       interleave, **{n: v.to(device) for n, v in bounds.items()})
+        _equal(f"candidate keys of {rows}x{L} W={world} {sorted(bounds)}", got, want)
+
+
+@check("merge_topk_global (fake W=4)")
+def _check_topk_merge(device: torch.device, clock: Clock) -> None:
+    g = torch.Generator().manual_seed(7)
+    W, I, rows, width, k, K = 4, 2, 8, 1024, 256, 260
+    scores = torch.randn(rows, W * width, generator=g)
+    scores[:, ::3] = torch.randint(0, 4, (rows, (W * width + 2) // 3), generator=g).float()
+    lengths = torch.randint(0, W * width + 1, (rows,), generator=g)
+    lengths[0] = 0  # a row with no token
+    # Rank r's local logits and local top-K (local ids, lower position first among ties).
+    logits, local_topk = [], []
+    for r in range(W):
+        logits.append(scores[:, reference.dcp_global_position(torch.arange(width), r, W, I)])
+        local_lengths = reference.dcp_local_length(lengths, r, W, I).to(torch.int32)
+        local_topk.append(reference.topk_per_row(logits[r], K, lengths=local_lengths))
+    packed = [clock.ref(reference.pack_dcp_topk_candidates, logits[r], local_topk[r], r, W, I)
+              for r in range(W)]
+    gathered = torch.cat(packed).to(device)
+    for order in (False, True):
+        want = clock.ref(reference.merge_topk_global, logits, local_topk, k, I, sorted=order)
+        for r in range(W):
+            def all_gather(output, input, r=r):
+                # This rank's keys come in through `input`; the others' are the reference's,
+                # as the other ranks would send them.
+                _equal(f"rank {r}'s packed keys", input, packed[r])
+                output.copy_(gathered)
+            topk = local_topk[r].to(device, copy=True)  # overwritten in place
+            clock.op(dsa_ext.merge_topk_global, logits[r].to(device), topk, k, rank=r,
+                     world_size=W, interleave=I, all_gather=all_gather, sorted=order)
+            _equal(f"rank {r} sorted={order}", topk, want)
+
+
 @check("merge_attention_outputs (fake W=4)")
 def _check_lse_merge(device: torch.device, clock: Clock) -> None:
     g = torch.Generator().manual_seed(2)

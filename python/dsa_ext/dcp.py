@@ -450,7 +450,8 @@ def correct_attention_output(
     Example::
 
         >>> c, g = dsa_ext.correct_attention_output(
-        ...     torch.full((1, 2, 4), float("nan")), torch.tensor([[[0., 0.]], [[-inf, -inf]]]),
+        ...     torch.full((1, 2, 4), float("nan")),
+        ...     torch.tensor([[[0., 0.]], [[float("-inf"), float("-inf")]]]),
         ...     1, global_lse=torch.empty(1, 2))          # c == 0, g == 0
     """
     _checks.tensor("out", out, ndim=3)

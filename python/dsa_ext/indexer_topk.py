@@ -75,7 +75,8 @@ def topk_per_row(
         TypeError: a wrong dtype (logits, bounds, ``out``), a non-int ``k`` or
             ``next_n``, a non-bool ``sorted``.
         ValueError: a wrong rank, shape, stride or device, ``k < 1``, two kinds of
-            bounds at once, ``row_starts`` without ``row_ends`` or the reverse.
+            bounds at once, ``row_starts`` without ``row_ends`` or the reverse, on CUDA
+            with ``sorted=True`` ``min(k, L) > 16384``.
 
     Example::
 
