@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from dsa_ext import reference, seq_lens
 from dsa_ext.seq_lens import decode_context_lens
-from conftest import assert_equal
+from conftest import assert_equal, capture_graph
 
 I32, I64 = torch.int32, torch.int64
 
@@ -146,6 +146,25 @@ def test_torch_compile_fullgraph(device):
     torch._dynamo.reset()
     got = torch.compile(step, fullgraph=True)(lens, out)
     assert_equal(got, reference.local_seq_lens(lens.cpu(), None, 4, 2))
+
+
+@pytest.mark.cuda
+def test_cuda_graph_replay_with_new_inputs_and_no_sync():
+    lens = torch.zeros(1000, dtype=I64, device="cuda")
+    every = torch.empty(1000, 4, dtype=I64, device="cuda")
+    mine = torch.empty(1000, dtype=I64, device="cuda")
+
+    def step():
+        seq_lens.local_seq_lens(lens, None, 4, 16, out=every)
+        seq_lens.local_seq_lens(lens, 3, 4, 16, out=mine)
+
+    graph = capture_graph(step)
+    for seed in range(2):
+        L = random_lengths(1000, True, seed=400 + seed)
+        lens.copy_(L)
+        graph.replay()
+        assert_equal(every, reference.local_seq_lens(L, None, 4, 16), seed=seed)
+        assert_equal(mine, reference.local_seq_lens(L, 3, 4, 16), seed=seed)
 
 
 def test_host_local_length_is_the_rule():

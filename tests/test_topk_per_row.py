@@ -794,6 +794,46 @@ def test_candidates_then_merge_equals_the_unsharded_topk():
     assert_equal(merged, reference.topk_per_row(full, k, sorted=True))
 
 
+def test_candidates_torch_compile_fullgraph(device):
+    def step(x, ks, ke, out):
+        dsa_ext.topk_to_candidates(x, 64, 1, 4, 2, row_starts=ks, row_ends=ke, out=out)
+        return out + 0
+
+    g = torch.Generator().manual_seed(23)
+    x = torch.randn(3, 500, generator=g)
+    ks, ke = ids(0, 10, 400), ids(500, 300, 450)
+    out = torch.empty(3, 64, dtype=torch.int64, device=device)
+    torch._dynamo.reset()
+    got = torch.compile(step, fullgraph=True)(x.to(device), ks.to(device), ke.to(device), out)
+    assert_equal(got, reference.topk_to_candidates(x, 64, 1, 4, 2, row_starts=ks,
+                                                   row_ends=ke))
+
+
+@pytest.mark.cuda
+def test_candidates_graph_replay_with_new_inputs_and_no_sync():
+    rows, L, k = 16, 30000, 2048
+    x = torch.empty(rows, L, device="cuda")
+    ks = torch.zeros(rows, dtype=I32, device="cuda")
+    ke = torch.full((rows,), L, dtype=I32, device="cuda")
+    out = torch.empty(rows, k, dtype=torch.int64, device="cuda")
+
+    def step():
+        dsa_ext.topk_to_candidates(x, k, 2, 4, 16, row_starts=ks, row_ends=ke, out=out)
+
+    x.copy_(torch.randn(rows, L))
+    graph = capture_graph(step)
+    for seed in range(2):
+        gen = torch.Generator().manual_seed(310 + seed)
+        x.copy_(torch.randint(0, 30, (rows, L), generator=gen).float())
+        starts = torch.randint(-3, 2000, (rows,), generator=gen, dtype=I32)
+        ks.copy_(starts)
+        ke.copy_(starts + torch.randint(0, L, (rows,), generator=gen, dtype=I32))
+        graph.replay()
+        want = reference.topk_to_candidates(x.cpu(), k, 2, 4, 16, row_starts=ks.cpu(),
+                                            row_ends=ke.cpu())
+        assert_equal(out, want, seed=seed)
+
+
 def test_candidates_bad_input_names_the_argument():
     with pytest.raises(TypeError, match="logits must be float32 .* got torch.bfloat16"):
         dsa_ext.topk_to_candidates(X.bfloat16(), 2, 0, 2)
@@ -849,6 +889,75 @@ def test_merge_from_logits_world_one_is_the_local_topk(device):
     x = torch.randn(3, 50, generator=torch.Generator().manual_seed(41)).to(device)
     got = dsa_ext.merge_topk_global_from_logits(x, 7, rank=0, world_size=1)
     assert_equal(got, reference.topk_per_row(x.cpu(), 7))
+
+
+def test_merge_from_logits_torch_compile_fullgraph(device):
+    """The composite traces whole (its candidates and top-K are the registered ops); the
+    exchange is a hook that puts this rank's candidates beside the other ranks'."""
+    world, interleave, rows, width, k = 2, 2, 4, 300, 40
+    g = torch.Generator().manual_seed(42)
+    scores = torch.randint(0, 20, (rows, world * width), generator=g).float()
+    local = [scores[:, reference.dcp_global_position(torch.arange(width), r, world,
+                                                      interleave)] for r in range(world)]
+    other = reference.topk_to_candidates(local[1], k, 1, world, interleave).to(device)
+
+    def gather(output, input):
+        output[:rows].copy_(input)
+        output[rows:].copy_(other)
+
+    def step(logits):
+        return dsa_ext.merge_topk_global_from_logits(
+            logits, k, rank=0, world_size=world, interleave=interleave, all_gather=gather,
+            sorted=True) + 0
+
+    torch._dynamo.reset()
+    got = torch.compile(step, fullgraph=True)(local[0].to(device))
+    assert_equal(got, reference.topk_per_row(scores, k, sorted=True))
+
+
+@pytest.mark.cuda
+def test_merge_from_logits_graph_replay_with_new_inputs_and_no_sync():
+    world, interleave, rows, width, k = 4, 16, 8, 4096, 512
+    logits = torch.empty(rows, width, device="cuda")
+    lengths = torch.empty(rows, dtype=I32, device="cuda")
+    others = torch.empty(world, rows, k, dtype=torch.int64, device="cuda")
+    out = torch.empty(rows, k, dtype=I32, device="cuda")
+    rank = 1
+
+    def gather(output, input):
+        mine = output.view(world, rows, k)
+        mine.copy_(others)
+        mine[rank].copy_(input)
+
+    def step():
+        dsa_ext.merge_topk_global_from_logits(logits, k, rank=rank, world_size=world,
+                                              interleave=interleave, all_gather=gather,
+                                              lengths=lengths, out=out)
+
+    logits.normal_()
+    lengths.fill_(width)
+    graph = capture_graph(step)
+    position = torch.arange(world * width)
+    for seed in range(2):
+        gen = torch.Generator().manual_seed(320 + seed)
+        scores = torch.randint(0, 50, (rows, world * width), generator=gen).float()
+        total = torch.randint(0, world * width + 1, (rows,), generator=gen)
+        packed = []
+        for r in range(world):
+            mine = scores[:, reference.dcp_owner(position, world, interleave) == r]
+            local_len = reference.dcp_local_length(total, r, world, interleave).to(I32)
+            packed.append(reference.topk_to_candidates(mine, k, r, world, interleave,
+                                                       lengths=local_len))
+            if r == rank:
+                logits.copy_(mine)
+                lengths.copy_(local_len)
+        others.copy_(torch.stack(packed))
+        out.fill_(-7)
+        graph.replay()
+        assert_equal(out, reference.stable_topk_from_candidates(torch.stack(packed), k),
+                     seed=seed)
+        unsharded = reference.topk_per_row(scores, k, lengths=total.to(I32))
+        assert torch.equal(out.cpu().sort(dim=1).values, unsharded.sort(dim=1).values)
 
 
 def test_merge_from_logits_checks_before_the_exchange():
