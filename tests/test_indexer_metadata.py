@@ -551,6 +551,7 @@ def test_prefill_build_reads_sizes_back_at_most_once():
                                 query_start_loc_cpu=qsl.tolist())
     finally:
         torch.cuda.set_sync_debug_mode("default")
+    assert len(again) == len(chunks)
     for c, d in zip(chunks, again):
         assert torch.equal(c.cu_seqlen_ke, d.cu_seqlen_ke)
 

@@ -652,17 +652,20 @@ def test_missing_driver_is_a_clear_error():
             (cands.data_ptr(), 1, 1, 4, 0, 4, 1), (out.data_ptr(), 1, 2, 2, 1), False, 0, 0)
 
 
-def test_torch_compile_fullgraph_cpu():
+@pytest.mark.parametrize("device", DEVICES)
+def test_torch_compile_fullgraph(device):
     cands = make_keys("ties", 3, 50, seed=8)
 
-    @torch.compile(fullgraph=True, backend="aot_eager")
+    @torch.compile(fullgraph=True)
     def merged(c):
         return (dsa_ext.stable_topk_from_candidates(c, 20) + 0,
                 dsa_ext.stable_topk_from_candidates(c, 20, sorted=True) + 0)
 
-    got, got_sorted = merged(cands)
-    assert torch.equal(got, reference.stable_topk_from_candidates(cands, 20))
-    assert torch.equal(got_sorted, reference.stable_topk_from_candidates(cands, 20, sorted=True))
+    torch._dynamo.reset()
+    got, got_sorted = merged(cands.to(device))
+    assert torch.equal(got.cpu(), reference.stable_topk_from_candidates(cands, 20))
+    assert torch.equal(got_sorted.cpu(),
+                       reference.stable_topk_from_candidates(cands, 20, sorted=True))
 
 
 def test_registered_op_and_fake():
