@@ -204,17 +204,16 @@ def test_merge_attention_torch_compile_fullgraph(device, base):
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
-@pytest.mark.parametrize("base", BASES)
-@pytest.mark.parametrize("dtype", [F32, BF16])
-@pytest.mark.parametrize("world, interleave", [(4, 1), (4, 16), (2, 2)])
-def test_merge_attention_fake_exchange_equals_unsharded(device, base, dtype, world,
-                                                        interleave):
-    B, L, H = 5, 70, 4 * world
-    g = torch.Generator().manual_seed(world * 10 + interleave)
-    selected = torch.randint(-1, L, (B, 24), generator=g)
+def merge_attention_on(device, base, dtype, world, interleave, B=5, L=70, picks=24, seed=3):
+    """Every rank's merge through fake exchanges against the unsharded attention (and the
+    reference merge against it too)."""
+    H = 4 * world
+    g = torch.Generator().manual_seed(world * 10 + interleave + seed)
+    selected = torch.randint(-1, L, (B, picks), generator=g)
     selected[0] = -1                       # a row without any token: output 0, LSE -inf
-    selected[1, 3:] = -1                   # few tokens: some ranks' shards are empty
-    q, keys, values = make_attention_inputs(3, B, L, heads=H)
+    if B > 1:
+        selected[1, 3:] = -1               # few tokens: some ranks' shards are empty
+    q, keys, values = make_attention_inputs(seed, B, L, heads=H)
     parts = [sparse_attention(q, keys, values, shard_selection(selected, r, world, interleave),
                               base) for r in range(world)]
     full_out, full_lse = sparse_attention(q, keys, values, selected, base)
@@ -224,6 +223,7 @@ def test_merge_attention_fake_exchange_equals_unsharded(device, base, dtype, wor
     corrected = [dsa_ext.correct_attention_output(outs[r], stacked, r, lse_base=base)[0]
                  .view(world * B, H // world, -1) for r in range(world)]
     Hl = H // world
+    tol = TOL[F32] if dtype == F32 else dict(rtol=2e-2, atol=2e-2)
     for r in range(world):
         merged, lse = dsa_ext.merge_attention_outputs(
             outs[r], lses[r], rank=r, world_size=world, lse_base=base, return_lse=True,
@@ -232,7 +232,6 @@ def test_merge_attention_fake_exchange_equals_unsharded(device, base, dtype, wor
         assert merged.shape == (B, Hl, full_out.shape[2]) and merged.dtype == dtype
         heads = slice(r * Hl, (r + 1) * Hl)
         want = torch.nan_to_num(full_out[:, heads], nan=0.0)
-        tol = TOL[F32] if dtype == F32 else dict(rtol=2e-2, atol=2e-2)
         torch.testing.assert_close(merged.cpu().float(), want, **tol)
         assert (merged[0] == 0).all()
         torch.testing.assert_close(lse.cpu(), full_lse[:, heads], rtol=1e-5, atol=1e-5)
@@ -241,8 +240,32 @@ def test_merge_attention_fake_exchange_equals_unsharded(device, base, dtype, wor
         [o.cpu() for o in outs], [x.cpu() for x in lses], base)
     for r in range(world):
         torch.testing.assert_close(ref_outs[r].float(),
-                                   torch.nan_to_num(full_out[:, r * Hl:(r + 1) * Hl]),
-                                   **(TOL[F32] if dtype == F32 else dict(rtol=2e-2, atol=2e-2)))
+                                   torch.nan_to_num(full_out[:, r * Hl:(r + 1) * Hl]), **tol)
+
+
+@pytest.mark.parametrize("base", BASES)
+@pytest.mark.parametrize("dtype", [F32, BF16])
+@pytest.mark.parametrize("world, interleave", [(4, 1), (4, 16), (2, 2)])
+def test_merge_attention_fake_exchange_equals_unsharded(device, base, dtype, world,
+                                                        interleave):
+    merge_attention_on(device, base, dtype, world, interleave)
+
+
+merge_attention_cases = st.fixed_dictionaries(dict(
+    base=st.sampled_from(BASES), dtype=st.sampled_from([F32, BF16]), world=st.integers(2, 8),
+    interleave=st.sampled_from([1, 2, 16]), B=st.integers(1, 6), L=st.integers(1, 200),
+    picks=st.integers(1, 40), seed=st.integers(0, 2**31 - 1)))
+
+
+@given(merge_attention_cases)
+def test_merge_attention_random_cases_cpu(c):
+    merge_attention_on(torch.device("cpu"), **c)
+
+
+@pytest.mark.cuda
+@given(merge_attention_cases)
+def test_merge_attention_random_cases_cuda(c):
+    merge_attention_on(torch.device("cuda"), **c)
 
 
 # ---------------------------------------------------------------------------------------

@@ -219,6 +219,47 @@ def test_merge_topk_global_fake_exchange(device, world, interleave):
                 assert (topk[:, case["k"]:] == -1).all()
 
 
+@st.composite
+def merge_cases(draw):
+    """A sharded case for merge_topk_global: any world of 2-8 ranks, interleave, k (often
+    past a shard), row count and length, extra local columns, ties, row starts."""
+    return dict(seed=draw(st.integers(0, 2**31 - 1)), world=draw(st.integers(2, 8)),
+                interleave=draw(st.sampled_from([1, 2, 16, 64])), rows=draw(st.integers(1, 6)),
+                max_len=draw(st.integers(1, 300)), k=draw(st.integers(1, 60)),
+                extra_cols=draw(st.integers(0, 4)), ties=draw(st.booleans()),
+                row_starts=draw(st.booleans()), sorted=draw(st.booleans()))
+
+
+def merge_on(device, c):
+    """Every rank's merge through a fake exchange against the reference merge."""
+    case = make_topk_case(c["seed"], c["world"], c["interleave"], rows=c["rows"],
+                          max_len=c["max_len"], k=c["k"], extra_cols=c["extra_cols"],
+                          ties=c["ties"], row_starts=c["row_starts"], device=device)
+    world, interleave, k = c["world"], c["interleave"], c["k"]
+    packed = [dsa_ext.pack_dcp_topk_candidates(r["logits"], r["topk"], rank, world,
+                                               interleave, r["row_starts"])
+              for rank, r in enumerate(case["ranks"])]
+    want = merged_want(case, c["sorted"])
+    for rank, r in enumerate(case["ranks"]):
+        topk = r["topk"].clone()
+        dsa_ext.merge_topk_global(r["logits"], topk, k, rank=rank, world_size=world,
+                                  interleave=interleave, all_gather=fake_all_gather(packed, rank),
+                                  row_starts=r["row_starts"], sorted=c["sorted"])
+        assert_equal(topk[:, :k], want, rank=rank, **c)
+        assert (topk[:, k:] == -1).all()
+
+
+@given(merge_cases())
+def test_merge_topk_global_random_cases_cpu(c):
+    merge_on(torch.device("cpu"), c)
+
+
+@pytest.mark.cuda
+@given(merge_cases())
+def test_merge_topk_global_random_cases_cuda(c):
+    merge_on(torch.device("cuda"), c)
+
+
 @pytest.mark.parametrize("order", [False, True])
 def test_merge_topk_global_torch_compile_fullgraph(device, order):
     # The composite traces whole: its pack and top-K are the registered ops themselves.

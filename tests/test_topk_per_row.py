@@ -859,30 +859,54 @@ def rank_windows(case, rank):
     return dict(row_starts=starts, row_ends=starts + local_len.to(starts.device))
 
 
+def merge_from_logits_on(device, seed, world, interleave, rows=7, max_len=120, k=12,
+                         ties=True, row_starts=False):
+    """Every rank's merge from its logits, through a fake exchange of the reference's
+    candidates: the stacked candidates' default order, or with sorted=True the unsharded
+    top-K; the default order holds the unsharded set."""
+    from dcp_cases import fake_all_gather, make_topk_case
+    case = make_topk_case(seed, world, interleave, rows=rows, max_len=max_len, k=k,
+                          ties=ties, row_starts=row_starts, device=device)
+    packed = [reference.topk_to_candidates(r["logits"].cpu(), k, rank, world, interleave,
+                                           **{n: v.cpu() for n, v in
+                                              rank_windows(case, rank).items()})
+              for rank, r in enumerate(case["ranks"])]
+    gathered_order = reference.stable_topk_from_candidates(torch.stack(packed), k)
+    for rank, r in enumerate(case["ranks"]):
+        for order in (False, True):
+            got = dsa_ext.merge_topk_global_from_logits(
+                r["logits"], k, rank=rank, world_size=world, interleave=interleave,
+                all_gather=fake_all_gather([p.to(device) for p in packed], rank),
+                sorted=order, **rank_windows(case, rank))
+            want = (reference.topk_per_row(case["scores"], k, lengths=case["lengths"],
+                                           sorted=True) if order else gathered_order)
+            assert_equal(got, want, rank=rank, seed=seed, sorted=order)
+    unsharded = reference.topk_per_row(case["scores"], k, lengths=case["lengths"])
+    assert torch.equal(gathered_order.sort(dim=1).values, unsharded.sort(dim=1).values)
+
+
 @pytest.mark.parametrize("world, interleave", [(4, 1), (2, 16), (4, 2)])
 def test_merge_from_logits_equals_the_unsharded_topk(device, world, interleave):
-    from dcp_cases import fake_all_gather, make_topk_case
     for seed in range(3):
-        case = make_topk_case(40 + seed, world, interleave, rows=7, max_len=120, k=12,
-                              row_starts=seed == 1, device=device)
-        k = case["k"]
-        packed = [reference.topk_to_candidates(r["logits"].cpu(), k, rank, world, interleave,
-                                               **{n: v.cpu() for n, v in
-                                                  rank_windows(case, rank).items()})
-                  for rank, r in enumerate(case["ranks"])]
-        gathered_order = reference.stable_topk_from_candidates(torch.stack(packed), k)
-        for rank, r in enumerate(case["ranks"]):
-            for order in (False, True):
-                got = dsa_ext.merge_topk_global_from_logits(
-                    r["logits"], k, rank=rank, world_size=world, interleave=interleave,
-                    all_gather=fake_all_gather([p.to(device) for p in packed], rank),
-                    sorted=order, **rank_windows(case, rank))
-                want = (reference.topk_per_row(case["scores"], k, lengths=case["lengths"],
-                                               sorted=True) if order else gathered_order)
-                assert_equal(got, want, rank=rank, seed=seed, sorted=order)
-        # the default order holds the unsharded set
-        unsharded = reference.topk_per_row(case["scores"], k, lengths=case["lengths"])
-        assert torch.equal(gathered_order.sort(dim=1).values, unsharded.sort(dim=1).values)
+        merge_from_logits_on(device, 40 + seed, world, interleave, row_starts=seed == 1)
+
+
+merge_from_logits_cases = st.fixed_dictionaries(dict(
+    seed=st.integers(0, 2**31 - 1), world=st.integers(2, 8),
+    interleave=st.sampled_from([1, 2, 16, 64]), rows=st.integers(1, 6),
+    max_len=st.integers(1, 300), k=st.integers(1, 60), ties=st.booleans(),
+    row_starts=st.booleans()))
+
+
+@given(merge_from_logits_cases)
+def test_merge_from_logits_random_cases_cpu(c):
+    merge_from_logits_on(torch.device("cpu"), **c)
+
+
+@pytest.mark.cuda
+@given(merge_from_logits_cases)
+def test_merge_from_logits_random_cases_cuda(c):
+    merge_from_logits_on(torch.device("cuda"), **c)
 
 
 def test_merge_from_logits_world_one_is_the_local_topk(device):
