@@ -150,6 +150,8 @@ def test_large_batch_stride_64bit_offsets(device):
     try:
         storage = torch.empty(n, dtype=BF16, device=device)
     except (RuntimeError, MemoryError):
+        if torch.device(device).type != "cpu":
+            raise  # a GPU that cannot hold 4 GiB fails the test, it does not skip it
         pytest.skip("cannot reserve 4 GiB of address space")
     out = storage.as_strided((2, 4, 16), (2**31 + 1000, 16, 1))
     out.copy_(torch.randn(2, 4, 16, generator=torch.Generator().manual_seed(0)))

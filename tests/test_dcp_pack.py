@@ -149,6 +149,8 @@ def test_large_row_stride_64bit_offsets(device):
     try:
         storage = torch.empty(n, dtype=F32, device=device)
     except (RuntimeError, MemoryError):
+        if torch.device(device).type != "cpu":
+            raise  # a GPU that cannot hold 8 GiB fails the test, it does not skip it
         pytest.skip("cannot reserve 8 GiB of address space")
     logits = storage.as_strided((2, 64), (2**31 + 1000, 1))  # inside the storage
     logits.copy_(torch.randn(2, 64, generator=torch.Generator().manual_seed(0)))
