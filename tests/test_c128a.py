@@ -164,6 +164,18 @@ def test_padding_out_of_range_and_negative_positions(device):
     assert pre[0, :8].tolist() == list(range(7)) + [-1]
 
 
+@pytest.mark.parametrize("ratio", [1, 3, 128])
+def test_positions_near_the_int64_limit(device, ratio):
+    """(pos + 1) // ratio at pos = 2^63 - 1 is 2^63 // ratio, not an overflow: the length
+    is the width, never more."""
+    big = 2**63 - 1
+    positions = torch.tensor([big, big - 1, big, big - 1])
+    _, lens, pre, _ = run_both(device, positions, ratio, 2, torch.zeros(2, dtype=I32),
+                               torch.tensor([[3, 5]], dtype=I32), 4, torch.tensor([0, 1]), 8)
+    assert lens.tolist() == [8, 8]
+    assert pre.tolist() == [list(range(8))] * 2
+
+
 def test_block_index_past_table_and_empty(device):
     # 3000 // 1 compressed positions, only 2 blocks of 4: entries past 8 are -1.
     dec, lens, _, _ = run_both(device, torch.tensor([2999]), 1, 1,

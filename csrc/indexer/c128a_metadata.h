@@ -53,8 +53,11 @@ struct C128ARow {
 DSA_HD C128ARow c128a_row(const C128AArgs& a, int64_t t) {
   C128ARow row;
   const int64_t pos = a.positions[t];
-  int64_t n = pos < 0 ? 0 : (pos + 1) / a.ratio;
-  row.n = static_cast<int32_t>(n < a.width ? n : a.width);
+  // Unsigned: pos + 1 reaches 2^63 at pos = INT64_MAX, where int64 overflows.
+  const uint64_t n = pos < 0 ? 0 : (static_cast<uint64_t>(pos) + 1) /
+                                       static_cast<uint64_t>(a.ratio);
+  const uint64_t width = static_cast<uint64_t>(a.width);  // < 2^31
+  row.n = static_cast<int32_t>(n < width ? n : width);
   row.decode = t < a.num_decode;
   if (row.decode) {
     row.out = a.decode.row(t);

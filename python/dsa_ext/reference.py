@@ -132,8 +132,11 @@ def build_c128a_topk_metadata(positions: Tensor, ratio: int, num_decode_tokens: 
     Td = num_decode_tokens
     T = positions.shape[0]
     R, NB = block_table.shape
-    # n_t = min((pos + 1) // ratio, width); a negative position gives 0.
-    n = ((positions.long() + 1) // ratio).clamp(0, width)
+    # n_t = min((pos + 1) // ratio, width); a negative position gives 0. (pos + 1) // r is
+    # written pos // r + (pos % r + 1) // r, the first term capped at width first: no
+    # overflow at pos = 2^63 - 1.
+    pos = positions.long()
+    n = ((pos // ratio).clamp(max=width) + (pos % ratio + 1) // ratio).clamp(0, width)
     i = torch.arange(width, dtype=torch.int64)
 
     # Decode rows: slot of compressed position i through the request's block-table row.
