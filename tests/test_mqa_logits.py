@@ -60,6 +60,17 @@ def test_fused_cache_equals_separate_values_and_scales():
     assert torch.equal(fused, split)
 
 
+def test_positions_past_the_block_table_are_minus_inf():
+    """A context longer than the block table holds: the positions past its last block
+    have no key (-inf), they do not reuse the last block."""
+    q = torch.ones(1, 1, 1, 2)
+    kv = torch.arange(12, dtype=torch.float32).reshape(3, 2, 2)  # 3 blocks of 2 tokens
+    table = torch.tensor([[1]], dtype=I32)  # one block: positions 0 and 1
+    got = paged_mqa_logits(q, kv, None, torch.ones(1, 1), torch.tensor([[4]], dtype=I32),
+                           table, 4, use_deep_gemm=False)
+    assert got.tolist() == [[4.0 + 5.0, 6.0 + 7.0, float("-inf"), float("-inf")]]
+
+
 def test_errors_name_the_argument():
     q, w = torch.zeros(2, 1, 1, 4).to(FP8), torch.ones(2, 1)
     ctx, table = torch.ones(2, 1, dtype=I32), torch.zeros(2, 1, dtype=I32)

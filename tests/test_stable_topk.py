@@ -635,6 +635,13 @@ def test_errors_cuda():
     assert (f(cands, 16385) == -1).all()  # the default order has no such limit
     with pytest.raises(ValueError, match="out must be on cuda"):
         f(cands, 4, out=torch.zeros(2, 4, dtype=torch.int32))
+    # The kernel's 32-bit counters: N and k past 2^31 - 4096 are refused (no allocation)
+    limit = dsa_ext.topk.CUDA_MAX_INDEX
+    wide = torch.ones(1, 1, dtype=torch.int64, device="cuda").expand(1, limit + 1)
+    with pytest.raises(ValueError, match=f"at most {limit} .* got shape \\(1, {limit + 1}\\)"):
+        f(wide, 4)
+    with pytest.raises(ValueError, match=f"k must be <= {limit} .* on CUDA, got {limit + 1}"):
+        f(cands, limit + 1)
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="checks the error without a CUDA driver")

@@ -15,6 +15,10 @@ Tensor = torch.Tensor
 #: default order and the CPU have no such limit.
 CUDA_MAX_SORTED = 16384
 
+#: Largest N (candidates per row) and k on CUDA: the kernel counts columns and output
+#: positions in 32 bits, and its loops step up to 2,048 past their bound.
+CUDA_MAX_INDEX = 2**31 - 4096
+
 
 def check_selection(device: torch.device, shape: tuple, n: int, k: int,
                     sorted: bool) -> None:
@@ -24,9 +28,11 @@ def check_selection(device: torch.device, shape: tuple, n: int, k: int,
         raise TypeError(f"sorted must be a bool, got {type(sorted).__name__}")
     if max(shape) > _checks.INT32_MAX:
         raise ValueError(f"candidates dimensions must be < 2^31, got shape {shape}")
-    if device.type == "cuda" and n > _checks.INT32_MAX:
-        raise ValueError("candidates must hold < 2^31 candidates per row on CUDA, got "
-                         f"shape {shape}")
+    if device.type == "cuda" and n > CUDA_MAX_INDEX:
+        raise ValueError(f"candidates must hold at most {CUDA_MAX_INDEX} (2^31 - 4096) "
+                         f"candidates per row on CUDA, got shape {shape}")
+    if device.type == "cuda" and k > CUDA_MAX_INDEX:
+        raise ValueError(f"k must be <= {CUDA_MAX_INDEX} (2^31 - 4096) on CUDA, got {k}")
     if device.type == "cuda" and sorted and min(k, n) > CUDA_MAX_SORTED:
         raise ValueError(f"k must be <= {CUDA_MAX_SORTED} on CUDA with sorted=True when "
                          f"N = {n} > {CUDA_MAX_SORTED}, got {k}")
@@ -66,7 +72,8 @@ def stable_topk_from_candidates(candidates: Tensor, k: int, out: Optional[Tensor
             e.g. the output of ``all_gather_into_tensor``: row r's candidates are
             ``candidates[:, r, :]``); ``N = W * K >= 1``. Read in place, never copied.
         k: number of ids per row, ``k >= 1`` (``k > N`` fills with ``-1``). On CUDA
-            with ``sorted=True``, ``min(k, N) <= CUDA_MAX_SORTED`` (16384).
+            ``k`` and ``N`` are at most ``CUDA_MAX_INDEX`` (2^31 - 4096), and with
+            ``sorted=True`` ``min(k, N) <= CUDA_MAX_SORTED`` (16384).
         out: optional int32 ``[rows, k]`` output (any strides). With ``out`` given the
             call allocates nothing and is CUDA-graph capturable.
         sorted: descending key order instead of position order.
