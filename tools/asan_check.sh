@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # tools/asan_check.sh: the CPU implementations under AddressSanitizer and UBSan, no GPU.
 #
-# Builds the extension with -fsanitize=address,undefined on its C++ (the CPU loops, the
-# shared __host__ __device__ index math, the launchers; device code is not instrumented)
+# Builds the extension with -fsanitize=address,undefined on its C++ sources (the CPU
+# loops with the shared __host__ __device__ index math, the entry points; the .cu files,
+# kernels and their launchers, are not instrumented and the CPU tests do not reach them)
 # into a scratch folder, then runs the test suite's CPU cases against that build with the
 # sanitizer runtimes preloaded. torch's CPU tensors come from malloc, so every read or
 # write past a tensor that a CPU loop makes, and every undefined operation (overflow of a

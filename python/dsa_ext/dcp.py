@@ -315,12 +315,13 @@ def merge_topk_global_from_logits(
                         f"got {logits.dtype}")
     _checks.dcp_layout(world_size, rank, interleave, names=("world_size", "rank", "interleave"))
     device = logits.device
+    if world_size > 1:  # the limits of the select over the gathered [W, rows, k]
+        check_selection(device, (world_size, rows, k), world_size * k, k, sorted)
     out = _checks.output("out", out, torch.int32, (rows, k), device)
     if world_size == 1:  # the local top-K is the global one
         _native.call("topk_per_row", logits, k, lengths, seq_lens, next_n, row_starts,
                      row_ends, sorted, out)
         return out
-    check_selection(device, (world_size, rows, k), world_size * k, k, sorted)
     _check_exchange(group, all_gather, "all_gather", rank, world_size)
     packed = torch.empty((rows, k), dtype=torch.int64, device=device)
     _native.call("topk_to_candidates", logits, k, lengths, seq_lens, next_n, row_starts,
