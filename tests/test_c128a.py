@@ -146,6 +146,9 @@ def test_builder_spec_vector(device):
     with pytest.raises(ValueError, match="more than max_num_tokens"):
         b.build(torch.zeros(5, dtype=I64, device=device), 0, SPEC2["token_to_req"].to(device),
                 SPEC2["block_table"].to(device), 512, SPEC2["slot_mapping"].to(device), 640)
+    with pytest.raises(TypeError, match="positions must be a torch.Tensor, got list"):
+        b.build([5, 6], 0, SPEC2["token_to_req"].to(device), SPEC2["block_table"].to(device),
+                512, SPEC2["slot_mapping"].to(device), 640)
 
 
 def test_padding_out_of_range_and_negative_positions(device):

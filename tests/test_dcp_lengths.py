@@ -80,6 +80,18 @@ def random_lengths(n: int, big: bool, seed: int) -> torch.Tensor:
     return torch.randint(-(1 << 20), high, (n,), generator=g, dtype=I64).to(I64 if big else I32)
 
 
+@pytest.mark.parametrize("dtype", [I32, I64])
+def test_lengths_that_do_not_flatten_as_a_view(device, dtype):
+    """A 2-D input whose strides do not flatten (a column slice, a transpose): the op reads
+    a flattened copy, which must stay alive until the kernel or loop has read it."""
+    base = torch.arange(40000, dtype=dtype, device=device).view(10000, 4) * 7
+    for lens in (base[:, :2], base.t()[:3]):
+        for rank in (None, 1):
+            want = reference.local_seq_lens(lens.cpu(), rank, 4, 2)
+            for _ in range(3):  # the freed copy's memory gets reused by the next calls
+                assert_equal(seq_lens.local_seq_lens(lens, rank, 4, 2), want, rank=rank)
+
+
 @given(world=st.integers(1, 8), interleave=st.sampled_from([1, 2, 4, 16]),
        data=st.data(), n=st.integers(0, 300), big=st.booleans())
 def test_random_lengths_vs_reference(world, interleave, data, n, big):

@@ -238,6 +238,23 @@ def test_plan_prefill_chunks_no_query_tokens_no_chunk(device, S, qsl):
     assert b.build_prefill(i32(S, device), i32(qsl, device)) == []
 
 
+@pytest.mark.parametrize("qsl, kw, error, text", [
+    ([0, 4], {}, ValueError, "query_start_loc must have len(seq_lens) + 1 = 3 entries, got 2"),
+    ([0, 6, 2], {}, ValueError, "must be >= 0 and non-decreasing, got [0, 6, 2]"),
+    ([-1, 6, 8], {}, ValueError, "must be >= 0 and non-decreasing, got [-1, 6, 8]"),
+    ([0, 4, 8], dict(max_logits_bytes=-1), ValueError, "max_logits_bytes must be >= 4, got -1"),
+    ([0, 4, 8], dict(max_kv_workspace=0), ValueError, "max_kv_workspace must be >= 1, got 0"),
+    ([0, 4, 8], dict(compress_ratio=0), ValueError, "compress_ratio must be >= 1, got 0"),
+    ([0, 4, 8], dict(dcp_world_size=0), ValueError, "dcp_world_size must be >= 1, got 0"),
+    ([0, 4, 8], dict(interleave=2.0), TypeError, "interleave must be an int, got float"),
+])
+def test_plan_prefill_chunks_bad_input_names_the_argument(qsl, kw, error, text):
+    args = {**dict(max_kv_workspace=100, max_logits_bytes=1000), **kw}
+    with pytest.raises(error) as info:
+        plan_prefill_chunks([10, 20], qsl, **args)
+    assert text in str(info.value)
+
+
 def test_plan_prefill_chunks_skips_only_empty_chunks():
     # Request 1 (no query token) closes no chunk of its own: it rides along with request 0;
     # request 2 does not fit the workspace with them and opens the next chunk.

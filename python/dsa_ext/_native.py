@@ -189,9 +189,9 @@ def dcp_local_seq_lens(seq_lens: Tensor, rank: Optional[int], world_size: int,
     else:
         out_desc = desc(out.view(n, cols))
     device, stream = place(seq_lens)
-    _C.dcp_local_seq_lens(desc(seq_lens.reshape(n)), -1 if rank is None else rank,
-                          world_size, interleave, out_desc, seq_lens.dtype == torch.int64,
-                          device, stream)
+    flat = seq_lens.reshape(n)  # a copy when the strides do not flatten: alive until the call
+    _C.dcp_local_seq_lens(desc(flat), -1 if rank is None else rank, world_size, interleave,
+                          out_desc, seq_lens.dtype == torch.int64, device, stream)
 
 
 @op(mutates=("decode_buffer", "decode_lens_buffer", "prefill_buffer"))

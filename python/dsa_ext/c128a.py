@@ -217,7 +217,9 @@ class C128AMetadataBuilder:
         ``max_seq_len`` is the host-side maximum the caller already has (no device read);
         ``width`` overrides the width derived from it (e.g. a width fixed for a graph).
         """
-        if positions.shape[0] > self.max_num_tokens:
+        # (a positions that is no 1-D tensor is _validate's error, which names it)
+        if isinstance(positions, torch.Tensor) and positions.dim() == 1 and \
+                positions.shape[0] > self.max_num_tokens:
             raise ValueError(f"positions has {positions.shape[0]} tokens, more than "
                              f"max_num_tokens ({self.max_num_tokens})")
         if width is None:

@@ -131,12 +131,27 @@ def plan_prefill_chunks(seq_lens: Sequence[int], query_start_loc: Sequence[int],
 
     Raises:
         ValueError if one request's KV columns exceed ``max_kv_workspace`` (no split on
-        the query dimension makes its KV fit the workspace).
+        the query dimension makes its KV fit the workspace), if ``query_start_loc`` does
+        not hold ``len(seq_lens) + 1`` non-negative, non-decreasing offsets, or for a
+        budget, ratio, world size or interleave below its minimum (TypeError for a
+        non-integer one).
     """
+    P = len(seq_lens)
+    if len(query_start_loc) != P + 1:
+        raise ValueError(f"query_start_loc must have len(seq_lens) + 1 = {P + 1} entries, "
+                         f"got {len(query_start_loc)}")
+    if query_start_loc[0] < 0 or any(query_start_loc[b + 1] < query_start_loc[b]
+                                     for b in range(P)):
+        raise ValueError("query_start_loc must be >= 0 and non-decreasing, got "
+                         f"{list(query_start_loc)}")
+    _checks.integer("max_kv_workspace", max_kv_workspace, 1, None)
+    _checks.integer("max_logits_bytes", max_logits_bytes, 4, None)
+    _checks.integer("compress_ratio", compress_ratio, 1)
+    _checks.integer("dcp_world_size", dcp_world_size, 1)
+    _checks.integer("interleave", interleave, 1)
     W, I = dcp_world_size, interleave
     plans: list[PrefillChunkPlan] = []
     start, kv_cols, rows = 0, 0, 0
-    P = len(seq_lens)
 
     def close(end: int) -> None:
         # A chunk without query tokens has no logits rows to compute: none is planned.
