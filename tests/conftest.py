@@ -74,6 +74,11 @@ def cubin_archs(listing: str) -> set:
     return {line.rsplit(".", 2)[-2] for line in listing.splitlines() if ".cubin" in line}
 
 
+def sm_names(archs) -> set:
+    """The "sm_XX" names of CMake arch entries ("90a-real" -> "sm_90a")."""
+    return {"sm_" + arch.split("-")[0] for arch in archs}
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cuda" in item.keywords and not HAS_CUDA:

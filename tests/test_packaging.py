@@ -8,7 +8,7 @@ from pathlib import Path
 
 import dsa_ext
 from dsa_ext import _C
-from conftest import RELEASE_ARCHS, cubin_archs, tool_path
+from conftest import RELEASE_ARCHS, cubin_archs, sm_names, tool_path
 
 
 def _run(*cmd) -> str:
@@ -28,7 +28,7 @@ def test_no_torch_or_cuda_runtime_linkage():
 def test_sass_for_every_compiled_arch():
     listing = _run(tool_path("cuobjdump"), "--list-elf", _C.__file__)
     cubins = cubin_archs(listing)
-    want = {"sm_" + arch.split("-")[0] for arch in dsa_ext.cuda_archs}
+    want = sm_names(dsa_ext.cuda_archs)
     assert want <= cubins, f"module holds {sorted(cubins)}, compiled for {dsa_ext.cuda_archs}"
     assert not any(".ptx" in line for line in listing.splitlines())
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import RELEASE_ARCHS, cubin_archs, tool_path
+from conftest import RELEASE_ARCHS, cubin_archs, sm_names, tool_path
 
 ROOT = Path(__file__).resolve().parents[1]
 WHEEL = os.environ.get("DSA_EXT_WHEEL")
@@ -151,6 +151,5 @@ def test_linkage(module_so, policy):
 def test_machine_code_for_the_release_archs(module_so):
     """SASS for sm_90a and sm_100a, and no PTX (nothing is compiled at run time)."""
     listing = _run(tool_path("cuobjdump"), "--list-elf", str(module_so))
-    want = {"sm_" + arch.split("-")[0] for arch in RELEASE_ARCHS}
-    assert cubin_archs(listing) == want, listing
+    assert cubin_archs(listing) == sm_names(RELEASE_ARCHS), listing
     assert not _run(tool_path("cuobjdump"), "--list-ptx", str(module_so)).strip()

@@ -44,7 +44,7 @@ export ASAN_OPTIONS=detect_leaks=0  # CPython and torch keep their allocations a
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 export PYTHONPATH="$WORK/pkg"
 cd "$WORK"
-"$PYTHON" -c "import dsa_ext, sys; assert dsa_ext.__file__.startswith('$WORK/pkg'), dsa_ext.__file__"
+"$PYTHON" -c "import dsa_ext; assert dsa_ext.__file__.startswith('$WORK/pkg'), dsa_ext.__file__"
 "$PYTHON" -m dsa_ext
 cd "$ROOT"
 "$PYTHON" -m pytest -q -p no:cacheprovider --ignore=tests/test_packaging.py \

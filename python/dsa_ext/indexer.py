@@ -403,9 +403,6 @@ class IndexerMetadataBuilder:
         if len(S) != P or len(qsl) != P + 1:
             raise ValueError("seq_lens_cpu / query_start_loc_cpu must have P and P + 1 "
                              f"entries like seq_lens (P = {P})")
-        if qsl[0] < 0 or any(b < a for a, b in zip(qsl, qsl[1:])):
-            raise ValueError("query_start_loc must be >= 0 and non-decreasing, got "
-                             f"{qsl}")
         W, r, I, ratio = self.world, self.rank, self.interleave, self.compress_ratio
         plans = plan_prefill_chunks(S, qsl, max_kv_workspace=self.max_kv_workspace,
                                     max_logits_bytes=self.max_logits_bytes,

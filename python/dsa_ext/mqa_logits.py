@@ -209,8 +209,9 @@ def paged_mqa_logits(q: Tensor, kv_cache: Tensor, kv_scale: Optional[Tensor], we
     num_blocks, block_size = kv_cache.shape[:2]
     rows = torch.arange(N, device=q.device) if row_map is None else row_map.long().clamp(min=0)
     p = torch.arange(max_context_len, device=q.device)
-    in_table = p // block_size < block_table.shape[1]  # past the table: no block, -inf
-    blk_idx = (p // block_size).clamp(max=block_table.shape[1] - 1)
+    blk_idx = p // block_size
+    in_table = blk_idx < block_table.shape[1]  # past the table: no block, -inf
+    blk_idx = blk_idx.clamp(max=block_table.shape[1] - 1)
     blocks = block_table[rows][:, blk_idx].long()                      # [N, P]
     valid_block = (blocks >= 0) & (blocks < num_blocks) & in_table
     blocks = torch.where(valid_block, blocks, torch.zeros_like(blocks))
