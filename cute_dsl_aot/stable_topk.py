@@ -67,7 +67,8 @@ distributed shared memory):
 
 The variants and their launch facts (threads, keys per thread, sort size, pair, CTAs per
 SM, shared memory, parameters) are ``variants.py``. The host guarantees ``rows >= 1``,
-``1 <= sel``, ``N < 2^31``, ``next_pow2(sel) <= S`` for a sorting variant and, for the
+``1 <= sel``, ``N`` and ``sel <= 2^31 - 4096`` (the 32-bit loop counters step up to
+2,048 past their bound), ``next_pow2(sel) <= S`` for a sorting variant and, for the
 register variants, ``W * ceil(K / num_threads) <= keys_per_thread`` (twice that for a pair).
 """
 from __future__ import annotations

@@ -9,6 +9,7 @@ from dsa_ext import reference
 from conftest import assert_equal
 
 I32, I64 = torch.int32, torch.int64
+EXPANDED = "must not have a zero stride along a dimension of more than one element"
 SENTINEL = 77
 
 
@@ -302,6 +303,12 @@ def good_args():
      "prefill_buffer must have at least 1 entries along dim 0, got shape (0, 256)"),
     (dict(decode_lens_buffer=torch.empty(2, 1, dtype=I32)), ValueError,
      "decode_lens_buffer must be 1-D, got shape (2, 1)"),
+    (dict(decode_buffer=torch.empty(1, 256, dtype=I32).expand(2, 256)), ValueError,
+     "decode_buffer %s" % EXPANDED),
+    (dict(prefill_buffer=torch.empty(2, 1, dtype=I32).expand(2, 256)), ValueError,
+     "prefill_buffer %s" % EXPANDED),
+    (dict(decode_lens_buffer=torch.empty(1, dtype=I32).expand(2)), ValueError,
+     "decode_lens_buffer %s" % EXPANDED),
 ])
 def test_bad_input_names_the_argument(change, error, text):
     kw = {**good_args(), **change}

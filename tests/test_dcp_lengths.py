@@ -141,6 +141,8 @@ def test_zero_dim_length_all_ranks_into_strided_out(device):
      "out must have shape (3, 2)"),
     ((torch.zeros(3, dtype=I32), 0, 2), dict(out=torch.zeros(3, dtype=I64)), TypeError,
      "out must be int32"),
+    ((torch.zeros(3, dtype=I32), None, 2), dict(out=torch.zeros(1, 2, dtype=I32).expand(3, 2)),
+     ValueError, "out must not have a zero stride along a dimension of more than one element"),
 ])
 def test_bad_input_names_the_argument(args, kw, error, text):
     with pytest.raises(error) as info:

@@ -325,6 +325,10 @@ def test_normalize_lse_bad_base():
     (dict(lse_base=10.0), ValueError, "lse_base must be 2.0 or math.e"),
     (dict(corrected=torch.zeros(2, 2, 2, 9)), ValueError, "corrected must have shape"),
     (dict(global_lse=torch.zeros(2, 5)), ValueError, "global_lse must have shape (2, 4)"),
+    (dict(corrected=torch.zeros(2, 2, 2, 1).expand(2, 2, 2, 8)), ValueError,
+     "corrected must not have a zero stride along a dimension of more than one element"),
+    (dict(global_lse=torch.zeros(2, 1).expand(2, 4)), ValueError,
+     "global_lse must not have a zero stride along a dimension of more than one element"),
 ])
 def test_correction_bad_input_names_the_argument(change, error, text):
     kw = dict(out=torch.zeros(2, 4, 8), lses=torch.zeros(2, 2, 4), rank=1)

@@ -346,6 +346,10 @@ def test_pack_bad_input_names_the_argument(change, error, text):
     (dict(world_size=2, all_gather=lambda o, i: None, group=object()), ValueError,
      "either group or all_gather"),
     (dict(world_size=2, all_gather=3), TypeError, "all_gather must be callable"),
+    (dict(sorted=1), TypeError, "sorted must be a bool, got int"),  # checked at W = 1 too
+    (dict(world_size=2, all_gather=lambda o, i: None,
+          topk_indices=torch.zeros(1, 4, dtype=I32).expand(2, 4)), ValueError,
+     "topk_indices must not have a zero stride along a dimension of more than one element"),
 ])
 def test_merge_bad_input_names_the_argument(change, error, text):
     kw = dict(logits=torch.zeros(2, 8), topk_indices=torch.zeros(2, 4, dtype=I32), k=2,

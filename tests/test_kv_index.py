@@ -98,6 +98,19 @@ def test_out_of_range_requests_and_mapping(device):
     assert (got[1:] == -1).all()
 
 
+@pytest.mark.parametrize("compact", [False, True])
+def test_empty_mapping_maps_every_request_to_none(device, compact):
+    # torch gives a tensor with no elements a null data pointer: the mapping is still given,
+    # and no request id is inside it.
+    block_table = torch.tensor([[10], [20]], dtype=I32)
+    tok = torch.tensor([[0, 1], [0, 1]], dtype=I32)
+    req = torch.tensor([0, 1], dtype=I32)
+    for mapping in (torch.empty(0, dtype=I32), torch.arange(4, dtype=I32)[:0]):
+        got, counts = run_both(device, req, block_table, tok, 4, idx_mapping=mapping,
+                               compact=compact)
+        assert (got == -1).all() and (counts == 0).all()
+
+
 def test_slot_overflow_is_invalid(device):
     block_table = torch.tensor([[2**30, 1]], dtype=I32)
     tok = torch.tensor([[0, 64, 65]], dtype=I32)
@@ -260,6 +273,11 @@ GOOD = dict(req_id=torch.zeros(2, dtype=I32), block_table=torch.zeros(1, 4, dtyp
     (dict(prefill_request_id=torch.zeros(2, dtype=I32)), ValueError,
      "prefill_workspace_starts is required with prefill_request_id"),
     (dict(req_id=[0, 0]), TypeError, "req_id must be a torch.Tensor, got list"),
+    (dict(out=torch.zeros(1, 8, dtype=I32).expand(2, 8)), ValueError,
+     "out must not have a zero stride along a dimension of more than one element (an "
+     "expanded tensor), got shape (2, 8) and strides (0, 1)"),
+    (dict(valid_counts=torch.zeros(1, dtype=I32).expand(2)), ValueError,
+     "valid_counts must not have a zero stride along a dimension of more than one element"),
 ])
 def test_bad_input_names_the_argument(change, error, text):
     kw = {**GOOD, **change}

@@ -1,4 +1,5 @@
-"""Back-to-back launches: each op reads what the kernel right before it wrote.
+"""How launches are ordered and set up: each op reads what the kernel right before it
+wrote, and an op's first call may come inside a CUDA graph capture.
 
 Every kernel is launched as a programmatic dependent launch (it may start while the
 previous kernel in the stream still runs, and waits for it before touching memory). These
@@ -79,3 +80,69 @@ def test_programmatic_launch_is_on_by_default():
     run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                          text=True, timeout=120, check=True)
     assert run.stdout.strip() == "True"
+
+
+#: A fresh process whose first call of each op is inside a CUDA graph capture (global
+#: capture mode, torch.cuda.graph's default): the ops' one-time setup on the device
+#: (loading the exported cubins, kernel attributes, occupancy queries) must not break the
+#: capture. The replay is compared with the CPU.
+_FIRST_CALL_IN_CAPTURE = r"""
+import torch, dsa_ext
+g = torch.Generator().manual_seed(5)
+rows, L, K = 4, 4096, 256
+logits = torch.randn(rows, L, generator=g)
+ids = torch.argsort(torch.rand(rows, L, generator=g), dim=1)[:, :K].to(torch.int32)
+req = torch.tensor([0, 1, 0, 1], dtype=torch.int32)
+table = torch.randint(0, 1000, (2, L // 64), generator=g, dtype=torch.int32)
+positions = torch.randint(0, 1 << 16, (rows,), generator=g)
+
+def step(x):
+    out = {}
+    out["convert"] = dsa_ext.convert_req_index_to_global_index(
+        x["req"], x["table"], x["ids"], 64, compact=True, out=x["slots"],
+        valid_counts=x["counts"])
+    out["c128a"] = dsa_ext.build_c128a_topk_metadata(
+        x["positions"], 128, 2, x["req"], x["table"], 64, x["positions"], x["dec"],
+        x["lens"], x["pre"], 512)
+    out["pack"] = dsa_ext.pack_dcp_topk_candidates(x["logits"], x["ids"], 0, 1, out=x["keys"])
+    out["stable"] = dsa_ext.stable_topk_from_candidates(x["keys"], 64, out=x["sel"])
+    out["stable_sorted"] = dsa_ext.stable_topk_from_candidates(
+        x["keys"], 64, out=x["sel_sorted"], sorted=True)
+    out["per_row"] = dsa_ext.topk_per_row(x["logits"], 128, out=x["top"])
+    out["to_slots"] = dsa_ext.topk_to_slots(x["logits"], 128, x["req"], x["table"], 64,
+                                            out=x["top_slots"])
+    return out
+
+def inputs(device):
+    x = dict(logits=logits, ids=ids, req=req, table=table, positions=positions)
+    x = {k: v.to(device) for k, v in x.items()}
+    i32 = dict(dtype=torch.int32, device=device)
+    x.update(slots=torch.empty(rows, K, **i32), counts=torch.empty(rows, **i32),
+             dec=torch.empty(rows, 512, **i32), lens=torch.empty(rows, **i32),
+             pre=torch.empty(rows, 512, **i32),
+             keys=torch.empty(rows, K, dtype=torch.int64, device=device),
+             sel=torch.empty(rows, 64, **i32), sel_sorted=torch.empty(rows, 64, **i32),
+             top=torch.empty(rows, 128, **i32), top_slots=torch.empty(rows, 128, **i32))
+    return x
+
+x = inputs("cuda")
+graph = torch.cuda.CUDAGraph()
+with torch.cuda.graph(graph):
+    got = step(x)
+graph.replay()
+torch.cuda.synchronize()
+want = step(inputs("cpu"))
+for name, w in want.items():
+    w = w if isinstance(w, tuple) else (w,)
+    o = got[name] if isinstance(got[name], tuple) else (got[name],)
+    for a, b in zip(o, w):
+        assert torch.equal(a.cpu(), b), name
+print("ok")
+"""
+
+
+@pytest.mark.cuda
+def test_first_call_of_each_op_inside_a_capture():
+    run = subprocess.run([sys.executable, "-c", _FIRST_CALL_IN_CAPTURE], capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stdout + run.stderr

@@ -624,6 +624,9 @@ def test_errors_name_the_argument():
         f(good, 4, out=torch.zeros(8, dtype=torch.int32))
     with pytest.raises(TypeError, match="sorted must be a bool, got int"):
         f(good, 4, sorted=1)
+    with pytest.raises(ValueError, match=r"out must not have a zero stride .*, got shape "
+                                         r"\(2, 4\) and strides \(0, 1\)"):
+        f(good, 4, out=torch.zeros(1, 4, dtype=torch.int32).expand(2, 4))
 
 
 @pytest.mark.cuda

@@ -251,6 +251,8 @@ X = torch.zeros(4, 10)
      "out must have shape (4, 2), got (4, 3)"),
     ((X, 2), dict(out=torch.zeros(4, 2, dtype=torch.int64)), TypeError,
      "out must be int32, got torch.int64"),
+    ((X, 2), dict(out=torch.zeros(4, 1, dtype=I32).expand(4, 2)), ValueError,
+     "out must not have a zero stride along a dimension of more than one element"),
     (([[1.0]], 2), {}, TypeError, "logits must be a torch.Tensor, got list"),
 ])
 def test_bad_input_names_the_argument(args, kw, error, text):

@@ -71,6 +71,27 @@ class DeviceGuard {
   int previous_ = 0, target_ = 0;
 };
 
+/*!
+ * \brief Puts the calling thread in relaxed stream-capture mode for a scope, then restores
+ *        its mode. Wraps the one-time setup of an op's kernels on a device (loading
+ *        libraries, setting kernel attributes, occupancy queries): global capture mode,
+ *        torch.cuda.graph's default, may refuse such calls while any stream is captured,
+ *        and an op's first call can come inside a capture. Its launches stay outside.
+ */
+class ScopedRelaxedCapture {
+ public:
+  ScopedRelaxedCapture() {
+    throw_on_cuda_error(cudaThreadExchangeStreamCaptureMode(&mode_),
+                        "cudaThreadExchangeStreamCaptureMode");
+  }
+  ~ScopedRelaxedCapture() { cudaThreadExchangeStreamCaptureMode(&mode_); }
+  ScopedRelaxedCapture(const ScopedRelaxedCapture&) = delete;
+  ScopedRelaxedCapture& operator=(const ScopedRelaxedCapture&) = delete;
+
+ private:
+  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;  // then the mode to restore
+};
+
 //! SM count of a device, queried once per device (no synchronization involved).
 inline int sm_count(int64_t device) {
   static std::atomic<int> cache[64] = {};

@@ -190,6 +190,7 @@ const LoadedKernel* kernels_for_device(const char* family, int device, int* coun
   auto found = c.by_device.find({family, device});
   if (found == c.by_device.end()) {
     const Driver& d = driver();
+    const ScopedRelaxedCapture setup_may_run_inside_a_capture;
     const std::string arch = arch_of(device);
     auto& per_arch = c.by_arch[{family, arch}];
     if (per_arch.empty()) per_arch = load_family(family, arch);

@@ -49,7 +49,9 @@ void stable_topk_cpu(const TopkCandidates& cand, const Strided2D<int32_t>& out, 
  *        (2-D descriptor), the order; runs on the CPU (device < 0) or launches the cubin
  *        on `stream`.
  * \note  The Python layer has validated shapes: rows, W, K and k fit int32, N = W*K >= 1,
- *        k >= 1, and on CUDA N < 2^31 and, when sorted, min(k, N) fits the largest sort.
+ *        k >= 1, and on CUDA N and k <= 2^31 - 4096 (the kernel's 32-bit loop counters
+ *        step up to 2,048 past their bound) and, when sorted, min(k, N) fits the largest
+ *        sort.
  */
 void stable_topk_from_candidates(const Desc3& candidates, const Desc2& out, bool sorted,
                                  int64_t device, int64_t stream);

@@ -1833,6 +1833,7 @@ void launch(const TopkPerRowArgs& a, const Sink& sink, const TopkPlan& plan, con
   static std::atomic<uint64_t> configured{0};
   const uint64_t bit = uint64_t{1} << (place.device % 64);
   if ((configured.load(std::memory_order_relaxed) & bit) == 0) {
+    const ScopedRelaxedCapture setup_may_run_inside_a_capture;
     for (auto* f : {kernel, whole_sm}) {
       throw_on_cuda_error(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                kMaxDynamicSmem),
@@ -1851,6 +1852,7 @@ void launch(const TopkPerRowArgs& a, const Sink& sink, const TopkPlan& plan, con
     const bool cached = place.device >= 0 && place.device < 64;
     int fit = cached ? fitting[place.device][plan.cluster].load(std::memory_order_relaxed) : 0;
     if (fit == 0) {
+      const ScopedRelaxedCapture setup_may_run_inside_a_capture;
       fit = max_active_clusters(whole_sm, kThreads, plan.cluster, kMaxDynamicSmem);
       if (fit <= 0) fit = -1;
       if (cached) fitting[place.device][plan.cluster].store(fit, std::memory_order_relaxed);

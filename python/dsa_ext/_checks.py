@@ -42,13 +42,27 @@ def optional_tensor(name: str, t, dtype=None, ndim=None, device=None):
 
 def output(name: str, t: Optional[torch.Tensor], dtype: torch.dtype, size: Sequence[int],
            device: torch.device) -> torch.Tensor:
-    """An op's output buffer: `t` checked (dtype, rank, shape, device) when given, else a
-    new uninitialized tensor of that shape."""
+    """An op's output buffer: `t` checked (dtype, rank, shape, device, no element written
+    twice) when given, else a new uninitialized tensor of that shape."""
     if t is None:
         return torch.empty(tuple(size), dtype=dtype, device=device)
     tensor(name, t, dtype, len(size), device)
     shape(name, t, size)
+    writable(name, t)
     return t
+
+
+def writable(name: str, t: torch.Tensor) -> None:
+    """Check that an output gives each element its own memory. A zero stride along a
+    dimension of more than one element (an expanded tensor) would have several results
+    stored to one address, and which one stays differs between runs on a GPU."""
+    strides = t.stride()
+    if 0 in strides:
+        for size, stride in zip(t.shape, strides):
+            if stride == 0 and size > 1:
+                raise ValueError(f"{name} must not have a zero stride along a dimension of "
+                                 f"more than one element (an expanded tensor), got shape "
+                                 f"{tuple(t.shape)} and strides {tuple(strides)}")
 
 
 def shape(name: str, t: torch.Tensor, expected: Sequence[int]) -> None:
@@ -66,10 +80,17 @@ def dim_at_least(name: str, t: torch.Tensor, dim: int, minimum: int) -> None:
 def integer(name: str, value, minimum: Optional[int] = None,
             maximum: Optional[int] = INT32_MAX) -> int:
     """Check an integer (bool is refused; NumPy integers are taken) against an inclusive
-    range. A torch.SymInt (a size while torch.compile traces with dynamic shapes) passes:
-    its value is only known when the graph runs. A tensor is refused although a 1-element
+    range. A torch.SymInt (a size while torch.compile traces with dynamic shapes) is
+    known only when the graph runs: its range becomes a runtime assert of the graph (a
+    host-side check of sizes, no device read). A tensor is refused although a 1-element
     integer tensor has __index__: reading it would be a host sync."""
     if isinstance(value, torch.SymInt):
+        if minimum is not None:
+            torch._check_value(value >= minimum,
+                               lambda: f"{name} must be >= {minimum}, got {value}")
+        if maximum is not None:
+            torch._check_value(value <= maximum,
+                               lambda: f"{name} must be <= {maximum}, got {value}")
         return value
     if isinstance(value, torch.Tensor):
         raise TypeError(f"{name} must be an int, got a tensor of shape {tuple(value.shape)} "
@@ -81,6 +102,13 @@ def integer(name: str, value, minimum: Optional[int] = None,
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
     if maximum is not None and value > maximum:
         raise ValueError(f"{name} must be <= {maximum}, got {value}")
+    return value
+
+
+def boolean(name: str, value) -> bool:
+    """Check a flag: a bool (a truthy int or tensor is refused)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
     return value
 
 

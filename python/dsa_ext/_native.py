@@ -47,9 +47,18 @@ def desc(t: Tensor) -> tuple:
 _ABSENT = {ndim: (0,) * (1 + 2 * ndim) for ndim in (1, 2)}
 
 
+#: The data pointer passed for a given tensor with no elements (torch gives those a null
+#: data_ptr, which the C++ side reads as "absent"): never dereferenced, its size is 0.
+_EMPTY_DATA = 16
+
+
 def optional_desc(t: Optional[Tensor], ndim: int) -> tuple:
-    """desc of t; all zeros (null data: absent) for None, as an `ndim`-D descriptor."""
-    return _ABSENT[ndim] if t is None else (t.data_ptr(), *t.shape, *t.stride())
+    """desc of t; all zeros (null data: absent) for None, as an `ndim`-D descriptor. A
+    given tensor with no elements stays present (an empty `idx_mapping` maps every
+    request to -1; read as absent, it would map none)."""
+    if t is None:
+        return _ABSENT[ndim]
+    return (t.data_ptr() or _EMPTY_DATA, *t.shape, *t.stride())
 
 
 def desc1_prefix(t: Tensor, n: int) -> tuple:

@@ -166,11 +166,13 @@ def _validate(positions, compress_ratio, num_decode_tokens, token_to_req, block_
                             ("prefill_buffer", prefill_buffer, T - Td)):
         _checks.tensor(name, buf, torch.int32, 2, device)
         _checks.dim_at_least(name, buf, 0, rows)
+        _checks.writable(name, buf)
         if width > buf.shape[1]:
             raise ValueError(f"width ({width}) must be <= the capacity of {name} "
                              f"({buf.shape[1]} columns)")
     _checks.tensor("decode_lens_buffer", decode_lens_buffer, torch.int32, 1, device)
     _checks.dim_at_least("decode_lens_buffer", decode_lens_buffer, 0, Td)
+    _checks.writable("decode_lens_buffer", decode_lens_buffer)
 
 
 class C128AMetadataBuilder:

@@ -255,8 +255,10 @@ def merge_topk_global(
     if k > K:
         raise ValueError(f"k must be <= topk_indices.shape[1] ({K}), got {k}")
     _checks.dcp_layout(world_size, rank, interleave, names=("world_size", "rank", "interleave"))
+    _checks.boolean("sorted", sorted)
     if world_size == 1:
         return topk_indices
+    _checks.writable("topk_indices", topk_indices)
     # Everything the packing and the top-K need is checked here, before the collective:
     # no rank may fail (and stall the others) after it.
     _check_pack_inputs(logits, topk_indices, row_starts)
@@ -475,9 +477,11 @@ def correct_attention_output(
     else:
         _checks.tensor("corrected", corrected, out.dtype, 4, device)
         _checks.shape("corrected", corrected, (W, B, H // W, D))
+        _checks.writable("corrected", corrected)
     if global_lse is not None:
         _checks.tensor("global_lse", global_lse, torch.float32, 2, device)
         _checks.shape("global_lse", global_lse, (B, H))
+        _checks.writable("global_lse", global_lse)
     _native.call("correct_attention_output", out, lses, rank, base2, corrected, global_lse)
     return corrected, global_lse
 

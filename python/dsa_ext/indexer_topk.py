@@ -109,8 +109,7 @@ def check_topk_inputs(logits: Tensor, k: int, lengths: Optional[Tensor],
         raise ValueError(f"logits must have column stride 1, got strides {logits.stride()}")
     _checks.integer("k", k, 1)
     _checks.integer("next_n", next_n, 1)
-    if not isinstance(sorted, bool):
-        raise TypeError(f"sorted must be a bool, got {type(sorted).__name__}")
+    _checks.boolean("sorted", sorted)
     device = logits.device
     given = [name for name, t in (("lengths", lengths), ("seq_lens", seq_lens),
                                   ("row_starts", row_starts)) if t is not None]

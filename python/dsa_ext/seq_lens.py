@@ -63,6 +63,7 @@ def local_seq_lens(seq_lens: torch.Tensor, rank: Optional[int], world_size: int,
     else:
         _checks.tensor("out", out, seq_lens.dtype, None, seq_lens.device)
         _checks.shape("out", out, shape)
+        _checks.writable("out", out)
         if out.dim() > 1 and not (rank is None and out.dim() == 2) and not out.is_contiguous():
             raise ValueError("out must be contiguous when it has more than one dimension")
     _native.call("dcp_local_seq_lens", seq_lens, rank, world_size, interleave, out)
@@ -76,6 +77,7 @@ def _buffer(name: str, buf: Optional[Tensor], rows: int, cols: Optional[int], de
         return torch.empty(shape, dtype=torch.int32, device=device)
     _checks.tensor(name, buf, torch.int32, len(shape), device)
     _checks.dim_at_least(name, buf, 0, rows)
+    _checks.writable(name, buf)
     if cols is not None and buf.shape[1] != cols:
         raise ValueError(f"{name} must have {cols} columns, got shape {tuple(buf.shape)}")
     return buf

@@ -24,8 +24,7 @@ def check_selection(device: torch.device, shape: tuple, n: int, k: int,
                     sorted: bool) -> None:
     """The order flag and the limits of the top-K on candidates of `shape` (`n` per
     row), `k` >= 1 ids."""
-    if not isinstance(sorted, bool):
-        raise TypeError(f"sorted must be a bool, got {type(sorted).__name__}")
+    _checks.boolean("sorted", sorted)
     if max(shape) > _checks.INT32_MAX:
         raise ValueError(f"candidates dimensions must be < 2^31, got shape {shape}")
     if device.type == "cuda" and n > CUDA_MAX_INDEX:
