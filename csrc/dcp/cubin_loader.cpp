@@ -36,6 +36,7 @@ struct Driver {
   decltype(&::cuKernelSetAttribute) kernel_set_attribute = nullptr;
   decltype(&::cuKernelGetFunction) kernel_get_function = nullptr;
   decltype(&::cuLaunchKernelEx) launch_kernel_ex = nullptr;
+  decltype(&::cuThreadExchangeStreamCaptureMode) exchange_capture_mode = nullptr;
 };
 
 template <typename Fn>
@@ -71,6 +72,7 @@ const Driver& driver() {
     bind(lib, "cuKernelSetAttribute", d.kernel_set_attribute, missing);
     bind(lib, "cuKernelGetFunction", d.kernel_get_function, missing);
     bind(lib, "cuLaunchKernelEx", d.launch_kernel_ex, missing);
+    bind(lib, "cuThreadExchangeStreamCaptureMode", d.exchange_capture_mode, missing);
     if (!missing.empty()) {
       error = "dsa_ext: the CUDA driver lacks " + missing + " (a driver for CUDA 12.0 or "
               "newer is required)";
@@ -124,6 +126,21 @@ class ScopedContext {
  private:
   CUcontext previous_ = nullptr;
   bool changed_ = false;
+};
+
+//! launch.h's ScopedRelaxedCapture through the driver: this path makes no runtime call,
+//! whose first use would set up the runtime inside the capture.
+class ScopedRelaxedCaptureDriver {
+ public:
+  ScopedRelaxedCaptureDriver() {
+    check(driver().exchange_capture_mode(&mode_), "cuThreadExchangeStreamCaptureMode");
+  }
+  ~ScopedRelaxedCaptureDriver() { driver().exchange_capture_mode(&mode_); }
+  ScopedRelaxedCaptureDriver(const ScopedRelaxedCaptureDriver&) = delete;
+  ScopedRelaxedCaptureDriver& operator=(const ScopedRelaxedCaptureDriver&) = delete;
+
+ private:
+  CUstreamCaptureMode mode_ = CU_STREAM_CAPTURE_MODE_RELAXED;  // then the mode to restore
 };
 
 std::string embedded_archs(const char* family) {
@@ -190,7 +207,7 @@ const LoadedKernel* kernels_for_device(const char* family, int device, int* coun
   auto found = c.by_device.find({family, device});
   if (found == c.by_device.end()) {
     const Driver& d = driver();
-    const ScopedRelaxedCapture setup_may_run_inside_a_capture;
+    const ScopedRelaxedCaptureDriver setup_may_run_inside_a_capture;
     const std::string arch = arch_of(device);
     auto& per_arch = c.by_arch[{family, arch}];
     if (per_arch.empty()) per_arch = load_family(family, arch);
