@@ -255,6 +255,21 @@ def test_many_rows_every_run(T, Td, width, bs):
              slot_mapping, width)
 
 
+def test_returned_views_are_the_buffers_prefixes(device):
+    # Buffers that are views with a storage offset: the returned views start there too.
+    big = [torch.full((5, 600), SENTINEL, dtype=I32, device=device) for _ in range(2)]
+    lens_big = torch.zeros(6, dtype=I32, device=device)
+    bufs = (big[0][1:, 3:], lens_big[1:], big[1][2:, 5:])
+    args = [SPEC2[k].to(device) for k in ("positions", "token_to_req", "block_table",
+                                          "slot_mapping")]
+    got = dsa_ext.build_c128a_topk_metadata(args[0], 128, 2, args[1], args[2], 512, args[3],
+                                            *bufs, 256)
+    for view, want in zip(got, (bufs[0][:2, :256], bufs[1][:2], bufs[2][:2, :256])):
+        assert (view.data_ptr(), view.shape, view.stride()) == \
+            (want.data_ptr(), want.shape, want.stride())
+    check_spec2(*got, (bufs[0], None, bufs[2]), 256, 256, views=False)
+
+
 @pytest.mark.cuda
 def test_unaligned_buffers_take_the_scalar_path():
     # Views starting at column 1: rows not 16-byte aligned; width 999 not a multiple of 4.
@@ -324,9 +339,9 @@ def test_bad_input_names_the_argument(change, error, text):
 
 def test_torch_compile_fullgraph(device):
     def step(pos, req, table, slots, dbuf, lbuf, pbuf):
-        dsa_ext.build_c128a_topk_metadata(pos, 128, 2, req, table, 512, slots, dbuf, lbuf,
-                                          pbuf, 256)
-        return dbuf[:2, :256] + 0, lbuf[:2] * 1, pbuf[:2, :256] + 0
+        dec, lens, pre = dsa_ext.build_c128a_topk_metadata(pos, 128, 2, req, table, 512,
+                                                           slots, dbuf, lbuf, pbuf, 256)
+        return dec + 0, lens * 1, pre + 0
 
     args = [SPEC2[k].to(device) for k in ("positions", "token_to_req", "block_table",
                                           "slot_mapping")]

@@ -56,6 +56,8 @@ def writable(name: str, t: torch.Tensor) -> None:
     """Check that an output gives each element its own memory. A zero stride along a
     dimension of more than one element (an expanded tensor) would have several results
     stored to one address, and which one stays differs between runs on a GPU."""
+    if t.is_contiguous():  # the common case, in a fraction of the time of the strides
+        return
     strides = t.stride()
     if 0 in strides:
         for size, stride in zip(t.shape, strides):
@@ -84,6 +86,9 @@ def integer(name: str, value, minimum: Optional[int] = None,
     known only when the graph runs: its range becomes a runtime assert of the graph (a
     host-side check of sizes, no device read). A tensor is refused although a 1-element
     integer tensor has __index__: reading it would be a host sync."""
+    if type(value) is int and (minimum is None or value >= minimum) and \
+            (maximum is None or value <= maximum):
+        return value  # the common case, checked in one expression
     if isinstance(value, torch.SymInt):
         if minimum is not None:
             torch._check_value(value >= minimum,

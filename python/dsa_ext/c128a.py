@@ -142,8 +142,10 @@ def build_c128a_topk_metadata(
     _native.call("build_c128a_topk_metadata", positions, token_to_req, block_table,
                  slot_mapping, decode_buffer, decode_lens_buffer, prefill_buffer,
                  compress_ratio, block_size, Td, width)
-    return (decode_buffer[:Td, :width], decode_lens_buffer[:Td],
-            prefill_buffer[:T - Td, :width])
+    # as_strided makes each view in about half the host time of a slice.
+    return (decode_buffer.as_strided((Td, width), decode_buffer.stride()),
+            decode_lens_buffer.as_strided((Td,), decode_lens_buffer.stride()),
+            prefill_buffer.as_strided((T - Td, width), prefill_buffer.stride()))
 
 
 def _validate(positions, compress_ratio, num_decode_tokens, token_to_req, block_table,
