@@ -150,6 +150,20 @@ def test_builder_spec_vector(device):
     with pytest.raises(TypeError, match="positions must be a torch.Tensor, got list"):
         b.build([5, 6], 0, SPEC2["token_to_req"].to(device), SPEC2["block_table"].to(device),
                 512, SPEC2["slot_mapping"].to(device), 640)
+    with pytest.raises(ValueError, match=r"width \(1024\) must be <= the capacity of "
+                                         r"decode_buffer \(512 columns\)"):
+        b.build(SPEC2["positions"].to(device), 2, SPEC2["token_to_req"].to(device),
+                SPEC2["block_table"].to(device), 512, SPEC2["slot_mapping"].to(device), 640,
+                width=1024)
+
+
+@pytest.mark.cuda
+def test_builder_refuses_inputs_on_another_device():
+    b = dsa_ext.C128AMetadataBuilder(512 * 128, 4, "cuda")
+    with pytest.raises(ValueError, match="positions must be on cuda:0 .the builder's device., "
+                                         "got cpu"):
+        b.build(SPEC2["positions"], 2, SPEC2["token_to_req"],
+                SPEC2["block_table"], 512, SPEC2["slot_mapping"], 640)
 
 
 def test_padding_out_of_range_and_negative_positions(device):

@@ -151,6 +151,25 @@ def build_c128a_topk_metadata(
 def _validate(positions, compress_ratio, num_decode_tokens, token_to_req, block_table,
               block_size, slot_mapping, decode_buffer, decode_lens_buffer, prefill_buffer,
               width) -> None:
+    device = _validate_inputs(positions, compress_ratio, num_decode_tokens, token_to_req,
+                              block_table, block_size, slot_mapping, width)
+    Td, T = num_decode_tokens, positions.shape[0]
+    for name, buf, rows in (("decode_buffer", decode_buffer, Td),
+                            ("prefill_buffer", prefill_buffer, T - Td)):
+        _checks.tensor(name, buf, torch.int32, 2, device)
+        _checks.dim_at_least(name, buf, 0, rows)
+        _checks.writable(name, buf)
+        if width > buf.shape[1]:
+            raise ValueError(f"width ({width}) must be <= the capacity of {name} "
+                             f"({buf.shape[1]} columns)")
+    _checks.tensor("decode_lens_buffer", decode_lens_buffer, torch.int32, 1, device)
+    _checks.dim_at_least("decode_lens_buffer", decode_lens_buffer, 0, Td)
+    _checks.writable("decode_lens_buffer", decode_lens_buffer)
+
+
+def _validate_inputs(positions, compress_ratio, num_decode_tokens, token_to_req, block_table,
+                     block_size, slot_mapping, width) -> torch.device:
+    """Everything but the output buffers; returns the inputs' device."""
     _checks.tensor("positions", positions, torch.int64, 1)
     device = positions.device
     T = positions.shape[0]
@@ -164,17 +183,7 @@ def _validate(positions, compress_ratio, num_decode_tokens, token_to_req, block_
     _checks.tensor("block_table", block_table, torch.int32, 2, device)
     _checks.tensor("slot_mapping", slot_mapping, torch.int64, 1, device)
     _checks.same_length("slot_mapping", slot_mapping, "num_decode_tokens", Td, at_least=True)
-    for name, buf, rows in (("decode_buffer", decode_buffer, Td),
-                            ("prefill_buffer", prefill_buffer, T - Td)):
-        _checks.tensor(name, buf, torch.int32, 2, device)
-        _checks.dim_at_least(name, buf, 0, rows)
-        _checks.writable(name, buf)
-        if width > buf.shape[1]:
-            raise ValueError(f"width ({width}) must be <= the capacity of {name} "
-                             f"({buf.shape[1]} columns)")
-    _checks.tensor("decode_lens_buffer", decode_lens_buffer, torch.int32, 1, device)
-    _checks.dim_at_least("decode_lens_buffer", decode_lens_buffer, 0, Td)
-    _checks.writable("decode_lens_buffer", decode_lens_buffer)
+    return device
 
 
 class C128AMetadataBuilder:
@@ -228,9 +237,17 @@ class C128AMetadataBuilder:
                              f"max_num_tokens ({self.max_num_tokens})")
         if width is None:
             width = self.width(max_seq_len)
+        # The owned buffers were made right (__init__): only the batch's inputs and how
+        # they meet the buffers (device, rows above, width) are checked.
+        device = _validate_inputs(positions, self.compress_ratio, num_decode_tokens,
+                                  token_to_req, block_table, block_size, slot_mapping, width)
+        if device != self.device:
+            raise ValueError(f"positions must be on {self.device} (the builder's device), "
+                             f"got {device}")
+        if width > self.capacity:
+            raise ValueError(f"width ({width}) must be <= the capacity of decode_buffer "
+                             f"({self.capacity} columns)")
         bufs = (self.decode_buffer, self.decode_lens_buffer, self.prefill_buffer)
-        _validate(positions, self.compress_ratio, num_decode_tokens, token_to_req, block_table,
-                  block_size, slot_mapping, *bufs, width)
         T, Td = positions.shape[0], num_decode_tokens
         _native.call("build_c128a_topk_metadata", positions, token_to_req, block_table,
                      slot_mapping, *bufs, self.compress_ratio, block_size, Td, width)
