@@ -59,12 +59,11 @@ def writable(name: str, t: torch.Tensor) -> None:
     if t.is_contiguous():  # the common case, in a fraction of the time of the strides
         return
     strides = t.stride()
-    if 0 in strides:
-        for size, stride in zip(t.shape, strides):
-            if stride == 0 and size > 1:
-                raise ValueError(f"{name} must not have a zero stride along a dimension of "
-                                 f"more than one element (an expanded tensor), got shape "
-                                 f"{tuple(t.shape)} and strides {tuple(strides)}")
+    for size, stride in zip(t.shape, strides):
+        if stride == 0 and size > 1:
+            raise ValueError(f"{name} must not have a zero stride along a dimension of "
+                             f"more than one element (an expanded tensor), got shape "
+                             f"{tuple(t.shape)} and strides {tuple(strides)}")
 
 
 def shape(name: str, t: torch.Tensor, expected: Sequence[int]) -> None:

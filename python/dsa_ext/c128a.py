@@ -142,10 +142,21 @@ def build_c128a_topk_metadata(
     _native.call("build_c128a_topk_metadata", positions, token_to_req, block_table,
                  slot_mapping, decode_buffer, decode_lens_buffer, prefill_buffer,
                  compress_ratio, block_size, Td, width)
-    # as_strided makes each view in about half the host time of a slice.
+    return _filled_views(decode_buffer, decode_lens_buffer, prefill_buffer, T, Td, width)
+
+
+def _filled_views(decode_buffer, decode_lens_buffer, prefill_buffer, T, Td, width) -> tuple:
+    """The filled parts of the buffers, ``[:Td, :width]``, ``[:Td]``, ``[:T - Td, :width]``,
+    made by as_strided: each in about half the host time of a slice."""
     return (decode_buffer.as_strided((Td, width), decode_buffer.stride()),
             decode_lens_buffer.as_strided((Td,), decode_lens_buffer.stride()),
             prefill_buffer.as_strided((T - Td, width), prefill_buffer.stride()))
+
+
+def _width_fits(width, name, columns) -> None:
+    if width > columns:
+        raise ValueError(f"width ({width}) must be <= the capacity of {name} "
+                         f"({columns} columns)")
 
 
 def _validate(positions, compress_ratio, num_decode_tokens, token_to_req, block_table,
@@ -159,9 +170,7 @@ def _validate(positions, compress_ratio, num_decode_tokens, token_to_req, block_
         _checks.tensor(name, buf, torch.int32, 2, device)
         _checks.dim_at_least(name, buf, 0, rows)
         _checks.writable(name, buf)
-        if width > buf.shape[1]:
-            raise ValueError(f"width ({width}) must be <= the capacity of {name} "
-                             f"({buf.shape[1]} columns)")
+        _width_fits(width, name, buf.shape[1])
     _checks.tensor("decode_lens_buffer", decode_lens_buffer, torch.int32, 1, device)
     _checks.dim_at_least("decode_lens_buffer", decode_lens_buffer, 0, Td)
     _checks.writable("decode_lens_buffer", decode_lens_buffer)
@@ -215,7 +224,7 @@ class C128AMetadataBuilder:
         self.decode_lens_buffer = torch.zeros(max_num_tokens, dtype=torch.int32,
                                               device=self.device)
         self.prefill_buffer = torch.full(shape, -1, dtype=torch.int32, device=self.device)
-        self._views: dict = {}  # (T, Td, width) -> output views (slicing costs host time)
+        self._views: dict = {}  # (T, Td, width) -> output views (making them costs host time)
 
     def width(self, max_seq_len: int) -> int:
         """Active width for a batch whose longest sequence is ``max_seq_len`` (host int)."""
@@ -244,9 +253,7 @@ class C128AMetadataBuilder:
         if device != self.device:
             raise ValueError(f"positions must be on {self.device} (the builder's device), "
                              f"got {device}")
-        if width > self.capacity:
-            raise ValueError(f"width ({width}) must be <= the capacity of decode_buffer "
-                             f"({self.capacity} columns)")
+        _width_fits(width, "decode_buffer", self.capacity)
         bufs = (self.decode_buffer, self.decode_lens_buffer, self.prefill_buffer)
         T, Td = positions.shape[0], num_decode_tokens
         _native.call("build_c128a_topk_metadata", positions, token_to_req, block_table,
@@ -256,7 +263,5 @@ class C128AMetadataBuilder:
         if views is None:
             if len(self._views) > 4096:
                 self._views.clear()
-            views = self._views[key] = (self.decode_buffer[:Td, :width],
-                                        self.decode_lens_buffer[:Td],
-                                        self.prefill_buffer[:T - Td, :width])
+            views = self._views[key] = _filled_views(*bufs, T, Td, width)
         return views
