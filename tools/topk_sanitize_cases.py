@@ -1,8 +1,9 @@
 """Small topk_per_row / topk_to_slots / topk_to_candidates runs over every plan kind (resident
 and streamed clusters, one and several bitmap segments, randn, uniform and 16-value rows,
-more ids per CTA than the conversion's stage), each compared with the CPU, for compute-sanitizer
-(memcheck, racecheck, synccheck); the default plan runs rows of at most 8192 columns on the
-short-row kernel:
+more ids per CTA than the conversion's stage), each compared with the CPU, then streamed plans
+on logits another stream rewrites meanwhile (every store must stay in its row), for
+compute-sanitizer (memcheck, racecheck, synccheck); the default plan runs rows of at most 8192
+columns on the short-row kernel:
 
     compute-sanitizer --tool racecheck python tools/topk_sanitize_cases.py
 
@@ -25,20 +26,31 @@ x = torch.rand(2, 131072, generator=g)
 x[1] = torch.randint(0, 16, (x.shape[1],), generator=g).float()
 cases.append(x)
 bad = 0
+
+
+def check(ok: bool, *what) -> None:
+    """Counts and names a mismatch."""
+    global bad
+    if not ok:
+        bad += 1
+        print("mismatch:", *what, flush=True)
+
+
 for plan in (-1, 1, 2, 3, 8, 101, 102, 108):
     _C.set_topk_plan_override(plan)
     for x in cases:
         for k, srt in ((2048, False), (512, True)):
             got = dsa_ext.topk_per_row(x.cuda(), k, sorted=srt).cpu()
-            bad += not torch.equal(got, dsa_ext.topk_per_row(x, k, sorted=srt))
+            check(torch.equal(got, dsa_ext.topk_per_row(x, k, sorted=srt)), "ids", plan,
+                  tuple(x.shape), k, srt)
     x = cases[0]
     table = torch.arange(4 * 400, dtype=torch.int32).reshape(4, 400)
     req = torch.tensor([0, 3], dtype=torch.int32)
     a = dsa_ext.topk_to_slots(x.cuda(), 2048, req.cuda(), table.cuda(), 64, compact=True)
     b = dsa_ext.topk_to_slots(x, 2048, req, table, 64, compact=True)
-    bad += not torch.equal(a.cpu(), b)
+    check(torch.equal(a.cpu(), b), "slots", plan)
     c = dsa_ext.topk_to_candidates(x.cuda(), 2048, 1, 4).cpu()
-    bad += not torch.equal(c, dsa_ext.topk_to_candidates(x, 2048, 1, 4))
+    check(torch.equal(c, dsa_ext.topk_to_candidates(x, 2048, 1, 4)), "candidates", plan)
 # The 128K-column rows in bf16 (the capture's 64-bit mask) and with unaligned windows (a
 # head captured whole), one CTA per row.
 _C.set_topk_plan_override(101)
@@ -47,7 +59,8 @@ ends = torch.full((2,), z.shape[1], dtype=torch.int32)
 for zs in (z, z.bfloat16()):
     for kw in ({}, {"row_starts": torch.tensor([1, 3], dtype=torch.int32), "row_ends": ends}):
         got = dsa_ext.topk_per_row(zs.cuda(), 2048, **{n: v.cuda() for n, v in kw.items()})
-        bad += not torch.equal(got.cpu(), dsa_ext.topk_per_row(zs, 2048, **kw))
+        check(torch.equal(got.cpu(), dsa_ext.topk_per_row(zs, 2048, **kw)), "128K rows", zs.dtype,
+              list(kw))
 # The short-row kernel's sinks (default plan): slots compacted with counts (a block size
 # of 12, and of 64, whose tables with and without holes take both tile paths), candidates.
 _C.set_topk_plan_override(-1)
@@ -60,10 +73,12 @@ for x in (cases[4], cases[5]):
             a = dsa_ext.topk_to_slots(x.cuda(), k, req.cuda(), table.cuda(), bs, compact=True,
                                       return_valid_counts=True)
             b = dsa_ext.topk_to_slots(x, k, req, table, bs, compact=True, return_valid_counts=True)
-            bad += not (torch.equal(a[0].cpu(), b[0]) and torch.equal(a[1].cpu(), b[1]))
+            check(torch.equal(a[0].cpu(), b[0]) and torch.equal(a[1].cpu(), b[1]),
+                  "short-row slots", tuple(x.shape), bs, low, k)
     for k in (7, 2048):
         c = dsa_ext.topk_to_candidates(x.cuda(), k, 1, 4).cpu()
-        bad += not torch.equal(c, dsa_ext.topk_to_candidates(x, k, 1, 4))
+        check(torch.equal(c, dsa_ext.topk_to_candidates(x, k, 1, 4)), "short-row candidates",
+              tuple(x.shape), k)
 # More ids per CTA than the conversion's stage (several chunks), one and several bitmap
 # segments per slice, compacted with counts.
 y = torch.randn(2, 140000, generator=g)
@@ -76,7 +91,43 @@ for plan in (-1, 101):
     _C.set_topk_plan_override(plan)
     got = dsa_ext.topk_to_slots(y.cuda(), 5000, req.cuda(), tab.cuda(), 64, compact=True,
                                 return_valid_counts=True)
-    bad += not (torch.equal(got[0].cpu(), want[0]) and torch.equal(got[1].cpu(), want[1]))
+    check(torch.equal(got[0].cpu(), want[0]) and torch.equal(got[1].cpu(), want[1]),
+          "chunked slots", plan)
+# A caller's race: another stream rewrites the logits while streamed plans (whose walks
+# re-read them) run, with no ordering between the two. The ids are then unspecified, but
+# every store stays in its own row: each launch writes rows 0-3 of its own [5, 2048] block,
+# whose row 4 (a canary) must keep its value. Rows equal to neither input's ids show that
+# the race was hit.
+side = torch.cuda.Stream()
+L, launches = 300000, 12
+variants = (torch.randn(4, L, generator=g).cuda(),
+            torch.randint(0, 16, (4, L), generator=g).float().cuda())
+x = variants[0].clone()
+table = torch.arange(4 * (L // 64 + 1), dtype=torch.int32, device="cuda").reshape(4, -1)
+req = torch.arange(4, dtype=torch.int32, device="cuda")
+clean = {srt: [dsa_ext.topk_per_row(v, 2048, sorted=srt) for v in variants]
+         for srt in (False, True)}
+for plan in (101, 102, 108):
+    _C.set_topk_plan_override(plan)
+    ids = torch.full((launches, 5, 2048), -7, dtype=torch.int32, device="cuda")
+    slots = torch.full((launches, 5, 2048), -7, dtype=torch.int32, device="cuda")
+    counts = torch.full((launches, 5), -7, dtype=torch.int32, device="cuda")
+    torch.cuda.synchronize()
+    with torch.cuda.stream(side):
+        for j in range(40 * launches):
+            x.copy_(variants[j % 2])
+    for it in range(launches):
+        dsa_ext.topk_per_row(x, 2048, sorted=it % 3 == 0, out=ids[it, :4])
+        dsa_ext.topk_to_slots(x, 2048, req, table, 64, compact=it % 2 == 0, out=slots[it, :4],
+                              return_valid_counts=True, valid_counts=counts[it, :4])
+    torch.cuda.synchronize()
+    raced = sum(int(((ids[it, :4] != clean[it % 3 == 0][0]).any(1)
+                     & (ids[it, :4] != clean[it % 3 == 0][1]).any(1)).sum())
+                for it in range(launches))
+    print(f"plan {plan}: {raced} of {4 * launches} rows raced", flush=True)
+    check(bool((ids[:, 4] == -7).all() and (slots[:, 4] == -7).all()
+               and (counts[:, 4] == -7).all()), "raced: a store left its row", plan)
+    check(bool(((counts[:, :4] >= 0) & (counts[:, :4] <= 2048)).all()), "raced: counts", plan)
 _C.set_topk_plan_override(-1)
 torch.cuda.synchronize()
 print("sanitize cases: mismatches", bad)

@@ -1369,11 +1369,28 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
   }
   const int64_t taken = w.count < k ? w.count : k;
 
+  // This CTA's selected ids hold the output positions [first, first + count): positions
+  // follow the column order and the CTA's columns are one contiguous slice. A streamed
+  // CTA's counts and marks come from walks that re-read the logits: where another stream
+  // changed them mid-run they may not be the keys the passes counted, so the range is cut
+  // to the row's [0, taken) and positions outside it are dropped (no store out of bounds).
+  const uint32_t eq_taken_before = selected.y_before < remaining ? selected.y_before : remaining;
+  const uint32_t eq_left = remaining - eq_taken_before;
+  const int64_t first = static_cast<int64_t>(selected.x_before) + eq_taken_before;
+  const int64_t room = first < taken ? taken - first : 0;
+  const int64_t counted_here =
+      static_cast<int64_t>(gt_total) + (eq_total < eq_left ? eq_total : eq_left);
+  const int64_t count = counted_here < room ? counted_here : room;
   // Calls visit(position, id) for each selected column of the CTA. Every thread calls it.
   auto for_each_selected = [&](auto&& visit) {
+    auto in_range = [&](int64_t pos, int32_t id) {  // (a resident CTA's marks are its counts)
+      if (kResident || static_cast<uint64_t>(pos - first) < static_cast<uint64_t>(count)) {
+        visit(pos, id);
+      }
+    };
     if (segments == 1) {
       visit_words(0, w0, w1, selected.x_before + gt_before, selected.y_before + eq_before,
-                  visit);
+                  in_range);
       return;
     }
     uint32_t gt_base = selected.x_before, eq_base = selected.y_before;
@@ -1382,19 +1399,13 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
       uint32_t gt_seg_before, eq_seg_before, gt_seg, eq_seg;
       scan_segment(seg, v0, v1, gt_seg_before, eq_seg_before, gt_seg, eq_seg);
       visit_words(seg * segment, v0, v1, gt_base + gt_seg_before, eq_base + eq_seg_before,
-                  visit);
+                  in_range);
       gt_base += gt_seg, eq_base += eq_seg;
       __syncthreads();  // the words are read before the next segment's marks
     }
   };
   const int64_t fill_step = static_cast<int64_t>(cluster) * kThreads;
   const int64_t fill_first = rank * kThreads + threadIdx.x;
-  // This CTA's selected ids hold the output positions [first, first + count): positions
-  // follow the column order and the CTA's columns are one contiguous slice.
-  const uint32_t eq_taken_before = selected.y_before < remaining ? selected.y_before : remaining;
-  const uint32_t eq_left = remaining - eq_taken_before;
-  const int64_t first = static_cast<int64_t>(selected.x_before) + eq_taken_before;
-  const int64_t count = static_cast<int64_t>(gt_total) + (eq_total < eq_left ? eq_total : eq_left);
   // Staged (at most kStagedSlots ids): the ids go to shared memory in output order, so that
   // the writes are coalesced and topk_to_slots' gathers are batched.
   const bool staged = count <= kStagedSlots;
@@ -1496,15 +1507,16 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
           if (i >= mine) continue;
           if (!sink.compact) {
             out[(at + i) * stride] = slot[i];
-          } else if (slot[i] >= 0) {
+          } else if (slot[i] >= 0 && next < taken) {  // (false only after a race, above)
             out[(next++) * stride] = slot[i];
           }
         }
         chunk_base += chunk_valid;
       }
-      if (sink.compact) end = sums.x_all;
+      const int64_t valid = sums.x_all < taken ? sums.x_all : taken;
+      if (sink.compact) end = valid;
       if (rank == 0 && threadIdx.x == 0 && sink.valid_counts.present()) {
-        sink.valid_counts[row] = static_cast<int32_t>(sums.x_all);
+        sink.valid_counts[row] = static_cast<int32_t>(valid);
       }
     }
     for (int64_t j = end + fill_first; j < k; j += fill_step) out[j * stride] = -1;
@@ -1522,8 +1534,10 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
       uint64_t* ranks = reinterpret_cast<uint64_t*>(dynamic_smem);
       for (int i = threadIdx.x; i < n; i += kThreads) {
         uint64_t r = 0;  // below every real rank (a real rank's low word is ~column != 0)
-        if (i < taken) {
-          const int32_t c = out[i * stride];
+        // A position no walk wrote (logits changed mid-run) holds whatever `out` held: only
+        // a column of the row is read; anything else sorts last and reads back as -1.
+        const int32_t c = i < taken ? out[i * stride] : -1;
+        if (static_cast<uint64_t>(c) < static_cast<uint64_t>(w.count)) {
           r = selection_rank(score_key(row_src[c]), c);
         }
         ranks[i] = r;
