@@ -1372,15 +1372,16 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
   // This CTA's selected ids hold the output positions [first, first + count): positions
   // follow the column order and the CTA's columns are one contiguous slice. A streamed
   // CTA's counts and marks come from walks that re-read the logits: where another stream
-  // changed them mid-run they may not be the keys the passes counted, so the range is cut
+  // changed them mid-run they may not be the keys the passes counted, so its range is cut
   // to the row's [0, taken) and positions outside it are dropped (no store out of bounds).
+  // A resident CTA counts and marks the keys it holds: its range needs no cut.
   const uint32_t eq_taken_before = selected.y_before < remaining ? selected.y_before : remaining;
   const uint32_t eq_left = remaining - eq_taken_before;
   const int64_t first = static_cast<int64_t>(selected.x_before) + eq_taken_before;
   const int64_t room = first < taken ? taken - first : 0;
   const int64_t counted_here =
       static_cast<int64_t>(gt_total) + (eq_total < eq_left ? eq_total : eq_left);
-  const int64_t count = counted_here < room ? counted_here : room;
+  const int64_t count = kResident || counted_here < room ? counted_here : room;
   // Calls visit(position, id) for each selected column of the CTA. Every thread calls it.
   auto for_each_selected = [&](auto&& visit) {
     auto in_range = [&](int64_t pos, int32_t id) {  // (a resident CTA's marks are its counts)
@@ -1507,13 +1508,13 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
           if (i >= mine) continue;
           if (!sink.compact) {
             out[(at + i) * stride] = slot[i];
-          } else if (slot[i] >= 0 && next < taken) {  // (false only after a race, above)
+          } else if (slot[i] >= 0 && (kResident || next < k)) {  // (k: a race's bound)
             out[(next++) * stride] = slot[i];
           }
         }
         chunk_base += chunk_valid;
       }
-      const int64_t valid = sums.x_all < taken ? sums.x_all : taken;
+      const int64_t valid = kResident || sums.x_all < k ? sums.x_all : k;
       if (sink.compact) end = valid;
       if (rank == 0 && threadIdx.x == 0 && sink.valid_counts.present()) {
         sink.valid_counts[row] = static_cast<int32_t>(valid);
