@@ -472,16 +472,9 @@ def correct_attention_output(
                          f"({W}) to scatter heads over ranks")
     _checks.integer("rank", rank, 0, W - 1)
     base2 = _lse_base("lse_base", lse_base)
-    if corrected is None:
-        corrected = torch.empty((W, B, H // W, D), dtype=out.dtype, device=device)
-    else:
-        _checks.tensor("corrected", corrected, out.dtype, 4, device)
-        _checks.shape("corrected", corrected, (W, B, H // W, D))
-        _checks.writable("corrected", corrected)
+    corrected = _checks.output("corrected", corrected, out.dtype, (W, B, H // W, D), device)
     if global_lse is not None:
-        _checks.tensor("global_lse", global_lse, torch.float32, 2, device)
-        _checks.shape("global_lse", global_lse, (B, H))
-        _checks.writable("global_lse", global_lse)
+        _checks.output("global_lse", global_lse, torch.float32, (B, H), device)
     _native.call("correct_attention_output", out, lses, rank, base2, corrected, global_lse)
     return corrected, global_lse
 
