@@ -52,6 +52,20 @@ def output(name: str, t: Optional[torch.Tensor], dtype: torch.dtype, size: Seque
     return t
 
 
+def buffer(name: str, t, dtype: torch.dtype, ndim: int, device: torch.device,
+           rows: int) -> torch.Tensor:
+    """A caller's output buffer of which an op writes the first `rows` rows: checked like
+    tensor(), with at least `rows` entries along dim 0 and each element its own memory
+    (writable)."""
+    if type(t) is torch.Tensor and t.dtype is dtype and t.dim() == ndim and \
+            t.shape[0] >= rows and t.device == device and t.is_contiguous():
+        return t  # the common case in one expression (these checks run on every batch)
+    tensor(name, t, dtype, ndim, device)
+    dim_at_least(name, t, 0, rows)
+    writable(name, t)
+    return t
+
+
 def writable(name: str, t: torch.Tensor) -> None:
     """Check that an output gives each element its own memory. A zero stride along a
     dimension of more than one element (an expanded tensor) would have several results

@@ -165,15 +165,11 @@ def _validate(positions, compress_ratio, num_decode_tokens, token_to_req, block_
     device = _validate_inputs(positions, compress_ratio, num_decode_tokens, token_to_req,
                               block_table, block_size, slot_mapping, width)
     Td, T = num_decode_tokens, positions.shape[0]
-    for name, buf, rows in (("decode_buffer", decode_buffer, Td),
-                            ("prefill_buffer", prefill_buffer, T - Td)):
-        _checks.tensor(name, buf, torch.int32, 2, device)
-        _checks.dim_at_least(name, buf, 0, rows)
-        _checks.writable(name, buf)
-        _width_fits(width, name, buf.shape[1])
-    _checks.tensor("decode_lens_buffer", decode_lens_buffer, torch.int32, 1, device)
-    _checks.dim_at_least("decode_lens_buffer", decode_lens_buffer, 0, Td)
-    _checks.writable("decode_lens_buffer", decode_lens_buffer)
+    _checks.buffer("decode_buffer", decode_buffer, torch.int32, 2, device, Td)
+    _width_fits(width, "decode_buffer", decode_buffer.shape[1])
+    _checks.buffer("prefill_buffer", prefill_buffer, torch.int32, 2, device, T - Td)
+    _width_fits(width, "prefill_buffer", prefill_buffer.shape[1])
+    _checks.buffer("decode_lens_buffer", decode_lens_buffer, torch.int32, 1, device, Td)
 
 
 def _validate_inputs(positions, compress_ratio, num_decode_tokens, token_to_req, block_table,

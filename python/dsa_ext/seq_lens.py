@@ -75,9 +75,7 @@ def _buffer(name: str, buf: Optional[Tensor], rows: int, cols: Optional[int], de
     shape = (rows,) if cols is None else (rows, cols)
     if buf is None:
         return torch.empty(shape, dtype=torch.int32, device=device)
-    _checks.tensor(name, buf, torch.int32, len(shape), device)
-    _checks.dim_at_least(name, buf, 0, rows)
-    _checks.writable(name, buf)
+    _checks.buffer(name, buf, torch.int32, len(shape), device, rows)
     if cols is not None and buf.shape[1] != cols:
         raise ValueError(f"{name} must have {cols} columns, got shape {tuple(buf.shape)}")
     return buf
