@@ -442,7 +442,13 @@ __device__ __forceinline__ void find_digit(SharedState& s, uint32_t* hist, uint3
   // critical path of every CTA, each scan a chain of shuffles.
   const uint32_t incl = warp_inclusive_sum_u32(group_sum);
   const uint32_t incl_before = kBefore ? warp_inclusive_sum_u32(group_before) : 0;
-  const int first = __ffs(__ballot_sync(0xffffffffu, incl >= remaining)) - 1;
+  // The lowest group's lane (and below, the lowest bins' lane) always votes: it is the
+  // first to reach `remaining` only where no group does, which takes a caller's race (a
+  // streamed CTA's re-walk counting fewer keys than the pass before). Every CTA of the
+  // cluster then still reads the same published sums, inside the histograms, and takes
+  // the same branches at the same barriers.
+  const int first =
+      __ffs(__ballot_sync(0xffffffffu, incl >= remaining || lane == group_count - 1)) - 1;
   const uint32_t above_group = __shfl_sync(0xffffffffu, incl - group_sum, first);
   const uint32_t above_group_before =
       kBefore ? __shfl_sync(0xffffffffu, incl_before - group_before, first) : 0;
@@ -461,7 +467,7 @@ __device__ __forceinline__ void find_digit(SharedState& s, uint32_t* hist, uint3
   const uint32_t pair_incl = warp_inclusive_sum_u32(pair);
   const uint32_t pair_before = b.x + b.y;
   const uint32_t pair_before_incl = kBefore ? warp_inclusive_sum_u32(pair_before) : 0;
-  const int at = __ffs(__ballot_sync(0xffffffffu, pair_incl >= need)) - 1;
+  const int at = __ffs(__ballot_sync(0xffffffffu, pair_incl >= need || lane == 31)) - 1;
   if (lane == at) {
     const uint32_t before = above_group + pair_incl - pair;
     const bool upper = before + c.x >= remaining;
