@@ -1,5 +1,6 @@
 """How many keys a streamed CTA of the per-row top-K captures while counting (host model of
-count_and_capture / capture_floor in csrc/indexer/topk_per_row.cu), for a few row kinds:
+count_and_capture / capture_floor in csrc/indexer/topk_per_row_kernel.cuh), for a few row
+kinds:
 
     python tools/topk_capture_sizes.py [K ...]
 

@@ -3,10 +3,12 @@
     python tools/topk_phase_times.py BINARY      # here: writes the sources, compiles (nvcc)
     BINARY ROWS COLS [PLAN [ties]]               # on the GPU machine
 
-The binary holds a copy of csrc/indexer/topk_per_row.cu with globaltimer stamps (thread 0
-of the first and of the last CTA) and a driver: k = 2048 over generated rows (about normal,
-or with `ties` 16 distinct values), PLAN as set_topk_plan_override, the ids checked
-against a host selection (a MISMATCH line names the first difference), then the same rows
+The binary holds a copy of csrc/indexer/topk_per_row_kernel.cuh with globaltimer stamps
+(thread 0 of the first and of the last CTA), the plan and entry points of the kernel files
+(topk_per_row.cu, topk_to_slots.cu, topk_to_slots_pow2.cu) and a driver: k = 2048 over
+generated rows (about normal, or with `ties` 16 distinct values), PLAN as
+set_topk_plan_override, the ids checked against a host selection (a MISMATCH line names
+the first difference), then the same rows
 through topk_to_slots (block size 64, a hashed block table; the slots checked against the
 ids' host conversion), without and with compaction and valid counts. For each of the three
 it prints the back-to-back launch time and each stamp's microseconds since the CTA started:
@@ -31,7 +33,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def stamped_kernel() -> str:
     global src
-    src = open(os.path.join(REPO, "csrc/indexer/topk_per_row.cu")).read()
+    src = open(os.path.join(REPO, "csrc/indexer/topk_per_row_kernel.cuh")).read()
     pre = '''
     __device__ unsigned long long g_stamps[2][40];
     __device__ __forceinline__ void stamp(int i) {
@@ -74,6 +76,10 @@ def stamped_kernel() -> str:
         "      stamp(34);\n      const ClusterSums sums = cluster_exchange(s, 1, cluster, rank, cta_valid, 0, true);")
     rep("    for (int64_t j = end + fill_first; j < k; j += fill_step) out[j * stride] = -1;\n  } else {",
         "    stamp(35);\n    for (int64_t j = end + fill_first; j < k; j += fill_step) out[j * stride] = -1;\n  } else {")
+    # The plan and the entry points the driver calls, from the kernel files that include it.
+    for name in ("topk_per_row", "topk_to_slots", "topk_to_slots_pow2"):
+        body = open(os.path.join(REPO, f"csrc/indexer/{name}.cu")).read()
+        src += body.replace('#include "topk_per_row_kernel.cuh"\n', "")
     return src
 
 
