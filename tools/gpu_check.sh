@@ -3,7 +3,8 @@
 #   build (no network) -> self-check -> full test suite (GPU tests included) ->
 #   compute-sanitizer memcheck over the GPU tests -> benchmark.
 # Usage: tools/gpu_check.sh OUT_DIR      (DSA_EXT_SKIP_BENCH=1: everything but the benches;
-#   DSA_EXT_ARCHS=90a-real: build for that arch list only)
+#   DSA_EXT_ARCHS=90a-real: build for that arch list only; DSA_EXT_PREBUILT=PKG.tar.xz:
+#   install what tools/pack_prebuilt.sh packed on another machine instead of building)
 #   OUT_DIR receives build.log, selfcheck.log, pytest.log, sanitizer.log (memcheck,
 #   racecheck and initcheck), bench.txt, side_by_side.txt / .json (vLLM's kernels beside
 #   dsa_ext's on the same inputs, with the launch floor: tools/side_by_side_floor.py; when
@@ -47,8 +48,14 @@ $PY -c "import xdist" 2>/dev/null && [ "$WORKERS" -ge 2 ] && XDIST="-n $WORKERS"
   nvcc --version | tail -2
 } >"$OUT/build.log" 2>&1
 
-step build build.log $PY -m pip install --no-build-isolation --no-deps -v \
-  ${DSA_EXT_ARCHS:+-Ccmake.define.CMAKE_CUDA_ARCHITECTURES=$DSA_EXT_ARCHS} "$REPO"
+if [ -n "${DSA_EXT_PREBUILT:-}" ]; then  # packed elsewhere (tools/pack_prebuilt.sh): no build
+  SITE="$($PY -c 'import site; print(site.getsitepackages()[0])')"
+  step build build.log bash -c 'rm -rf "$1"/dsa_ext "$1"/dsa_ext-*.dist-info &&
+    tar -xJvf "$2" -C "$1"' _ "$SITE" "$DSA_EXT_PREBUILT"
+else
+  step build build.log $PY -m pip install --no-build-isolation --no-deps -v \
+    ${DSA_EXT_ARCHS:+-Ccmake.define.CMAKE_CUDA_ARCHITECTURES=$DSA_EXT_ARCHS} "$REPO"
+fi
 # Run from outside the source tree so the installed wheel is what gets imported.
 cd /tmp
 step selfcheck selfcheck.log $PY -m dsa_ext
