@@ -79,15 +79,7 @@ void topk_per_row_cpu(const TopkPerRowArgs& a) {
 
 void topk_to_slots_cpu(const TopkSlotsArgs& a) {
   topk_per_row_cpu(a.topk);
-  // Convert the ids in place: the conversion's CPU loop reads column c before it writes
-  // any column >= c.
-  ConvertIndexArgs convert = a.convert;
-  convert.token_indices.data = a.topk.out.data;
-  convert.token_indices.rows = a.topk.out.rows;
-  convert.token_indices.cols = a.topk.out.cols;
-  convert.token_indices.row_stride = a.topk.out.row_stride;
-  convert.token_indices.col_stride = a.topk.out.col_stride;
-  convert_index_cpu(convert);
+  convert_index_cpu(convert_ids_in_place(a));
 }
 
 void topk_to_candidates_cpu(const TopkCandidatesArgs& a) {

@@ -137,6 +137,18 @@ struct TopkSlotsArgs {
   ConvertIndexArgs convert;
 };
 
+//! The conversion of the selected ids in place: `convert` reading `topk.out` (the CPU loop
+//! and the CUDA kernel both read a column before any write that could land on it).
+inline ConvertIndexArgs convert_ids_in_place(const TopkSlotsArgs& a) {
+  ConvertIndexArgs convert = a.convert;
+  convert.token_indices.data = a.topk.out.data;
+  convert.token_indices.rows = a.topk.out.rows;
+  convert.token_indices.cols = a.topk.out.cols;
+  convert.token_indices.row_stride = a.topk.out.row_stride;
+  convert.token_indices.col_stride = a.topk.out.col_stride;
+  return convert;
+}
+
 void topk_to_slots_cpu(const TopkSlotsArgs& args);
 void topk_to_slots_cuda(const TopkSlotsArgs& args, const Place& place);
 

@@ -1916,6 +1916,13 @@ void launch_short_rows(const TopkPerRowArgs& a, const Sink& sink, const Place& p
   launch_short_rows<Bits, kShortMaxItems, 512, Sink, kPow2>(a, sink, place);
 }
 
+//! The short-row kernel for the score type (the caller checked topk_plan's short_rows).
+template <typename Sink, bool kPow2 = false>
+void run_short_rows(const TopkPerRowArgs& a, const Sink& sink, const Place& place) {
+  a.bf16 ? launch_short_rows<uint16_t, Sink, kPow2>(a, sink, place)
+         : launch_short_rows<uint32_t, Sink, kPow2>(a, sink, place);
+}
+
 /*!
  * \brief Picks the plan and the kernel for the score type and launches it. kPow2: the slot
  *        sink's conversion takes the shifts and masks of convert_pow2 (the caller checked
@@ -1927,8 +1934,7 @@ void run_selection(const TopkPerRowArgs& a, const Sink& sink, const Place& place
   DeviceGuard guard(place.device);
   const TopkPlan plan = topk_plan(a.rows, a.cols, sm_count(place.device));
   if (plan.short_rows && !a.sorted) {  // sorted ids: the cluster kernel's rewrite
-    return a.bf16 ? launch_short_rows<uint16_t, Sink, kPow2>(a, sink, place)
-                  : launch_short_rows<uint32_t, Sink, kPow2>(a, sink, place);
+    return run_short_rows<Sink, kPow2>(a, sink, place);
   }
   if (a.bf16) {
     plan.resident ? launch<uint16_t, true, Sink, kPow2>(a, sink, plan, place)
@@ -1941,8 +1947,9 @@ void run_selection(const TopkPerRowArgs& a, const Sink& sink, const Place& place
 
 }  // namespace
 
-//! topk_to_slots_cuda where convert_pow2 holds: its kernels (run_selection<ConvertIndexArgs,
-//! true>) are in topk_to_slots_pow2.cu, a translation unit of their own.
+//! topk_to_slots_cuda's short rows where convert_pow2 holds: their kernels
+//! (run_short_rows<ConvertIndexArgs, true>) are in topk_to_slots_pow2.cu, a translation
+//! unit of their own.
 void topk_to_slots_pow2_cuda(const TopkSlotsArgs& a, const Place& place);
 
 }  // namespace dsa
