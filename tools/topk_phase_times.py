@@ -4,24 +4,19 @@
     BINARY ROWS COLS [PLAN [ties]]               # on the GPU machine
 
 The binary holds a copy of csrc/indexer/topk_per_row_kernel.cuh with globaltimer stamps
-(thread 0 of the first and of the last CTA), the plan and entry points of the kernel files
-(topk_per_row.cu, topk_to_slots.cu, topk_to_slots_pow2.cu) and a driver: k = 2048 over
-generated rows (about normal, or with `ties` 16 distinct values), PLAN as
-set_topk_plan_override, the ids checked against a host selection (a MISMATCH line names
-the first difference), then the same rows
-through topk_to_slots (block size 64, a hashed block table; the slots checked against the
-ids' host conversion), without and with compaction and valid counts. For each of the three
-it prints the back-to-back launch time and each stamp's microseconds since the CTA started:
+(thread 0 of the first and of the last CTA), the plan and entry point of topk_per_row.cu and
+a driver: k = 2048 over generated rows (about normal, or with `ties` 16 distinct values),
+PLAN as set_topk_plan_override, the ids checked against a host selection (a MISMATCH line
+names the first difference). It prints the back-to-back launch time and each stamp's
+microseconds since the CTA started:
 1 after the wait for the previous kernel, 2 / 3 around the load, per pass p 4 + 4p / 5 + 4p
 around the cluster barrier and 6 + 4p once the digit is known, 7 after the candidate list,
 16 before the marking, 17 after the counts, 18 after the exchange, 15 once the thread has
 staged its ids (before the barrier), 29 after that barrier, 30 after the id stores, 31 after
 the -1 fill, 19 after the writes, 20 at the end; where the marks are cleared and made per
 segment (seg 0 / 1: 21 / 25 before the marks from the list, 22 / 26 after them, 23 / 27
-after the word counts, 24 / 28 after their scan). Slots: 32 once the row's request is
-known (convert_row), 33 once the staged ids are converted (the block-table gathers are
-back), 34 after the valid-count scan (counted), 35 after the slot stores. The compiler may
-move work across a stamp: read them as approximate.
+after the word counts, 24 / 28 after their scan). The compiler may move work across a
+stamp: read them as approximate.
 """
 import os
 import subprocess
@@ -56,7 +51,7 @@ def stamped_kernel() -> str:
     rep("            listed_count = in_bin;\n", "            listed_count = in_bin;\n            stamp(7);\n")
     rep("            listed_count = s.candidates < kList ? s.candidates : kList;\n", "            listed_count = s.candidates < kList ? s.candidates : kList;\n            stamp(7);\n")
     rep("  const bool marked_from_list = listed && (one_segment || captured);\n", "  stamp(16);\n  const bool marked_from_list = listed && (one_segment || captured);\n")
-    rep("  // Slots counted (compaction, valid counts) need a second exchange, after the first.\n", "  stamp(17);\n")
+    rep("  ClusterSums selected;\n", "  stamp(17);\n  ClusterSums selected;\n")
     rep("  const int64_t taken = w.count < k ? w.count : k;\n\n", "  stamp(18);\n  const int64_t taken = w.count < k ? w.count : k;\n\n")
     rep("  if (cluster > 1) cg::this_cluster().barrier_wait();\n}", "  stamp(19);\n  if (cluster > 1) cg::this_cluster().barrier_wait();\n  stamp(20);\n}")
     rep("      mark_from_list(s0, s1);\n    }\n    __syncthreads();\n", "      stamp(21 + 4 * (seg & 1));\n      mark_from_list(s0, s1);\n    }\n    __syncthreads();\n    stamp(22 + 4 * (seg & 1));\n")
@@ -64,22 +59,9 @@ def stamped_kernel() -> str:
     rep("    for_each_selected([&](int64_t pos, int32_t id) { stage[pos - first] = id; });\n    __syncthreads();\n  }\n", "    for_each_selected([&](int64_t pos, int32_t id) { stage[pos - first] = id; });\n    stamp(15);\n    __syncthreads();\n  }\n  stamp(29);\n")
     rep("    for_each_output([&](int64_t pos, int32_t id) { out[pos * stride] = id; });\n", "    for_each_output([&](int64_t pos, int32_t id) { out[pos * stride] = id; });\n    stamp(30);\n")
     rep("    for (int64_t j = taken + fill_first; j < k; j += fill_step) out[j * stride] = -1;\n    if (a.sorted) {", "    for (int64_t j = taken + fill_first; j < k; j += fill_step) out[j * stride] = -1;\n    stamp(31);\n    if (a.sorted) {")
-    # The slot tail. A stamp behind a test of the value keeps the compiler from moving the
-    # loads it waits for past the stamp.
-    rep("                                             : convert_row(sink, row);\n",
-        "                                             : convert_row(sink, row);\n"
-        "    if (convert.blocks == 12345) stamp(39);\n    stamp(32);\n")
-    rep("      for (int i = 0; i < kStagedPerThread; ++i) valid += slot[i] >= 0;\n      return valid;",
-        "      for (int i = 0; i < kStagedPerThread; ++i) valid += slot[i] >= 0;\n"
-        "      if (valid == 77) stamp(38);\n      stamp(33);\n      return valid;")
-    rep("      const ClusterSums sums = cluster_exchange(s, 1, cluster, rank, cta_valid, 0, true);",
-        "      stamp(34);\n      const ClusterSums sums = cluster_exchange(s, 1, cluster, rank, cta_valid, 0, true);")
-    rep("    for (int64_t j = end + fill_first; j < k; j += fill_step) out[j * stride] = -1;\n  } else {",
-        "    stamp(35);\n    for (int64_t j = end + fill_first; j < k; j += fill_step) out[j * stride] = -1;\n  } else {")
-    # The plan and the entry points the driver calls, from the kernel files that include it.
-    for name in ("topk_per_row", "topk_to_slots", "topk_to_slots_pow2"):
-        body = open(os.path.join(REPO, f"csrc/indexer/{name}.cu")).read()
-        src += body.replace('#include "topk_per_row_kernel.cuh"\n', "")
+    # The plan and the entry point the driver calls, from the kernel file that includes it.
+    body = open(os.path.join(REPO, "csrc/indexer/topk_per_row.cu")).read()
+    src += body.replace('#include "topk_per_row_kernel.cuh"\n', "")
     return src
 
 
@@ -91,9 +73,8 @@ DRIVER = r"""#include "stamped.cu"
 #include <functional>
 using namespace dsa;
 int main(int argc, char** argv) {
-  const int K = 2048, BS = 64;
+  const int K = 2048;
   int rows = atoi(argv[1]), cols = atoi(argv[2]), plan = argc > 3 ? atoi(argv[3]) : -1;
-  const int NB = (cols + BS - 1) / BS;
   std::vector<float> h((size_t)rows * cols);
   uint64_t x = 88172645463325252ull;
   for (auto& v : h) {  // a sum of 4 uniforms (about normal), or 16 distinct values
@@ -101,68 +82,40 @@ int main(int argc, char** argv) {
     v = (s - 2.0f) * 1.7f;
     if (argc > 4) v = (float)((x >> 20) % 16);
   }
-  std::vector<int32_t> table((size_t)rows * NB), req(rows);  // request i = row i
-  for (size_t i = 0; i < table.size(); ++i) table[i] = (int32_t)((i * 2654435761u) % table.size());
-  for (int i = 0; i < rows; ++i) req[i] = i;
-  float* d; int32_t *o, *tb, *rq, *vc;
+  float* d; int32_t* o;
   cudaMalloc(&d, h.size() * 4); cudaMalloc(&o, (size_t)rows * K * 4);
-  cudaMalloc(&tb, table.size() * 4); cudaMalloc(&rq, rows * 4); cudaMalloc(&vc, rows * 4);
   cudaMemcpy(d, h.data(), h.size() * 4, cudaMemcpyHostToDevice);
-  cudaMemcpy(tb, table.data(), table.size() * 4, cudaMemcpyHostToDevice);
-  cudaMemcpy(rq, req.data(), rows * 4, cudaMemcpyHostToDevice);
   TopkPerRowArgs a; a.logits = d; a.rows = rows; a.cols = cols; a.row_stride = cols; a.k = K;
   a.out = Strided2D<int32_t>(Desc2{(int64_t)(uintptr_t)o, rows, K, K, 1});
-  TopkSlotsArgs sa; sa.topk = a;
-  ConvertIndexArgs& c = sa.convert;
-  c.req_id = Strided1D<const int32_t>(Desc1{(int64_t)(uintptr_t)rq, rows, 1});
-  c.block_table = Strided2D<const int32_t>(Desc2{(int64_t)(uintptr_t)tb, rows, NB, NB, 1});
-  c.out = a.out; c.by_block_size = FastDiv(BS); c.block_stride = BS;
-  c.entry_limit = entry_limit_for(BS);
   if (plan > 0) set_topk_plan_override(plan);
   Place p; p.device = 0; p.stream = 0;
-  std::vector<int32_t> ids((size_t)rows * K), got((size_t)rows * K);
-  const char* names[3] = {"ids", "slots", "slots+counts"};
+  std::vector<int32_t> ids((size_t)rows * K);
   const TopkPlan pl = topk_plan(rows, cols, sm_count(0));
   cudaEvent_t e0, e1; cudaEventCreate(&e0); cudaEventCreate(&e1);
-  for (int mode = 0; mode < 3; ++mode) {  // ids, slots, slots with compaction and counts
-    c.compact = mode == 2;
-    c.valid_counts = mode == 2 ? Strided1D<int32_t>(Desc1{(int64_t)(uintptr_t)vc, rows, 1})
-                               : Strided1D<int32_t>();
-    auto run = [&]() { if (mode == 0) topk_per_row_cuda(a, p); else topk_to_slots_cuda(sa, p); };
-    for (int it = 0; it < 20; ++it) run();
-    cudaEventRecord(e0);
-    for (int it = 0; it < 50; ++it) run();
-    cudaEventRecord(e1); cudaEventSynchronize(e1);
-    float ms; cudaEventElapsedTime(&ms, e0, e1);
-    unsigned long long st[2][40]; unsigned long long zero[80] = {0};
-    cudaMemcpyToSymbol(g_stamps, zero, sizeof zero);
-    run(); cudaDeviceSynchronize();
-    cudaMemcpyFromSymbol(st, g_stamps, sizeof st);
-    cudaMemcpy(mode == 0 ? ids.data() : got.data(), o, got.size() * 4, cudaMemcpyDeviceToHost);
-    int bad = 0;
-    if (mode == 0) {  // against a host selection (ascending column order expected)
-      std::vector<uint64_t> r(cols);
-      for (int i = 0; i < rows && bad < 3; ++i) {
-        for (int j = 0; j < cols; ++j) { uint32_t b; memcpy(&b, &h[(size_t)i * cols + j], 4); r[j] = selection_rank(score_key(b), j); }
-        std::nth_element(r.begin(), r.begin() + K, r.end(), std::greater<>());
-        std::vector<int32_t> want(K);
-        for (int j = 0; j < K; ++j) want[j] = decode_candidate_gid(r[j]);
-        std::sort(want.begin(), want.end());
-        for (int j = 0; j < K; ++j) if (want[j] != ids[(size_t)i * K + j]) { printf("MISMATCH ids row %d pos %d want %d got %d\n", i, j, want[j], ids[(size_t)i * K + j]); ++bad; break; }
-      }
-    } else {  // every slot valid: compaction keeps them in place
-      for (int i = 0; i < rows && bad < 3; ++i) for (int j = 0; j < K; ++j) {
-        const int32_t id = ids[(size_t)i * K + j];
-        const int32_t want = id < 0 ? -1 : table[(size_t)i * NB + id / BS] * BS + id % BS;
-        if (want != got[(size_t)i * K + j]) { printf("MISMATCH %s row %d pos %d\n", names[mode], i, j); ++bad; break; }
-      }
-    }
-    printf("rows %d cols %d plan (%d, %lld, %d) %s: %.2f us per launch (stream, back to back); err %s\n", rows, cols, pl.cluster, (long long)pl.slice, pl.resident, names[mode], ms * 1000 / 50, cudaGetErrorString(cudaGetLastError()));
-    for (int b = 0; b < 2; ++b) {
-      printf(" block %s:", b ? "last" : "0");
-      for (int i = 1; i < 38; ++i) if (st[b][i]) printf(" %d:%+.2f", i, (st[b][i] - st[b][0]) / 1000.0);
-      printf("\n");
-    }
+  for (int it = 0; it < 20; ++it) topk_per_row_cuda(a, p);
+  cudaEventRecord(e0);
+  for (int it = 0; it < 50; ++it) topk_per_row_cuda(a, p);
+  cudaEventRecord(e1); cudaEventSynchronize(e1);
+  float ms; cudaEventElapsedTime(&ms, e0, e1);
+  unsigned long long st[2][40]; unsigned long long zero[80] = {0};
+  cudaMemcpyToSymbol(g_stamps, zero, sizeof zero);
+  topk_per_row_cuda(a, p); cudaDeviceSynchronize();
+  cudaMemcpyFromSymbol(st, g_stamps, sizeof st);
+  cudaMemcpy(ids.data(), o, ids.size() * 4, cudaMemcpyDeviceToHost);
+  std::vector<uint64_t> r(cols);  // a host selection (ascending column order expected)
+  for (int i = 0, bad = 0; i < rows && bad < 3; ++i) {
+    for (int j = 0; j < cols; ++j) { uint32_t b; memcpy(&b, &h[(size_t)i * cols + j], 4); r[j] = selection_rank(score_key(b), j); }
+    std::nth_element(r.begin(), r.begin() + K, r.end(), std::greater<>());
+    std::vector<int32_t> want(K);
+    for (int j = 0; j < K; ++j) want[j] = decode_candidate_gid(r[j]);
+    std::sort(want.begin(), want.end());
+    for (int j = 0; j < K; ++j) if (want[j] != ids[(size_t)i * K + j]) { printf("MISMATCH ids row %d pos %d want %d got %d\n", i, j, want[j], ids[(size_t)i * K + j]); ++bad; break; }
+  }
+  printf("rows %d cols %d plan (%d, %lld, %d) ids: %.2f us per launch (stream, back to back); err %s\n", rows, cols, pl.cluster, (long long)pl.slice, pl.resident, ms * 1000 / 50, cudaGetErrorString(cudaGetLastError()));
+  for (int b = 0; b < 2; ++b) {
+    printf(" block %s:", b ? "last" : "0");
+    for (int i = 1; i < 32; ++i) if (st[b][i]) printf(" %d:%+.2f", i, (st[b][i] - st[b][0]) / 1000.0);
+    printf("\n");
   }
 }
 """

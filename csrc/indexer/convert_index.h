@@ -52,15 +52,14 @@ struct ConvertRow {
   int64_t workspace_base = -1;         // >= 0: prefill workspace row
 };
 
-//! convert_row from row t's entries of prefill_request_id (`pid`; -1 where it is absent) and
-//! req_id (`request`), read beforehand (the per-row top-K copies them at its start).
-DSA_HD ConvertRow convert_row_from(const ConvertIndexArgs& a, int32_t pid, int32_t request) {
+DSA_HD ConvertRow convert_row(const ConvertIndexArgs& a, int64_t t) {
   ConvertRow row;
+  const int32_t pid = a.prefill_request_id.present() ? a.prefill_request_id[t] : -1;
   if (pid >= 0) {
     if (pid < a.workspace_starts.size) row.workspace_base = a.workspace_starts[pid];
     return row;  // prefill row: the block table is not used
   }
-  int64_t req = request;
+  int64_t req = a.req_id[t];
   if (a.idx_mapping.present()) {
     req = (req >= 0 && req < a.idx_mapping.size) ? a.idx_mapping[req] : -1;
   }
@@ -69,11 +68,6 @@ DSA_HD ConvertRow convert_row_from(const ConvertIndexArgs& a, int32_t pid, int32
     row.blocks = a.block_table.cols_u32();  // block indices are < 2^31: token ids are int32
   }
   return row;
-}
-
-DSA_HD ConvertRow convert_row(const ConvertIndexArgs& a, int64_t t) {
-  const int32_t pid = a.prefill_request_id.present() ? a.prefill_request_id[t] : -1;
-  return convert_row_from(a, pid, pid >= 0 ? -1 : a.req_id[t]);
 }
 
 /*!

@@ -1,7 +1,7 @@
 // The indexer's per-row top-K: the selection kernels and their launcher, shared by the
-// kernel files of the three ops (topk_per_row.cu, topk_to_slots.cu and
-// topk_to_slots_pow2.cu, topk_to_candidates.cu): a translation unit per sink, so that a
-// build compiles them in parallel.
+// kernel files of the three ops (topk_per_row.cu, topk_to_candidates.cu, and for the
+// short-row kernel topk_to_slots.cu and topk_to_slots_pow2.cu): a translation unit per sink,
+// so that a build compiles them in parallel.
 //
 // Radix select on the 32-bit order keys (score_key), digits of 11, 11 and 10 bits from the
 // top. Each row is one thread block cluster of `cluster` CTAs; CTA r holds the contiguous
@@ -118,9 +118,8 @@ constexpr int64_t kStreamedPerSm = 2;
 //! 17 us is the stream (256 KB a CTA at the copy bandwidth).
 constexpr int64_t kWaveTailColumns = 65536;
 //! A CTA's selected ids are staged in its histograms' shared memory, in output order, when
-//! there are at most this many of them (topk_to_slots converts kStagedPerThread per thread).
+//! there are at most this many of them.
 constexpr int64_t kStagedSlots = 4096;
-constexpr int kStagedPerThread = static_cast<int>(kStagedSlots / kThreads);
 //! The short-row kernel (topk_short_rows_kernel): 256 threads per CTA, 512 for rows past
 //! 256 x kShortMaxItems columns; at most kShortMaxItems keys per thread in registers; the
 //! registers of kShortBlockThreads threads per SM (64 each: 16 keys per thread fit).
@@ -152,19 +151,6 @@ __device__ __forceinline__ uint32_t shared_fetch_add(uint32_t address, uint32_t 
   uint32_t old;
   asm volatile("atom.shared.add.u32 %0, [%1], %2;" : "=r"(old) : "r"(address), "r"(v) : "memory");
   return old;
-}
-
-//! Starts a copy of the 32-bit word at `src` (global memory) into `dst` (this CTA's shared
-//! memory) that holds no register while it is in flight (cp.async). It is complete once the
-//! same thread has passed await_word_copies(), and visible to the block after a barrier.
-__device__ __forceinline__ void copy_word_async(int32_t* dst, const int32_t* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(
-                   static_cast<uint32_t>(__cvta_generic_to_shared(dst))),
-               "l"(__cvta_generic_to_global(src))
-               : "memory");
-}
-__device__ __forceinline__ void await_word_copies() {
-  asm volatile("cp.async.wait_all;" ::: "memory");
 }
 
 //! The shared-window address of `p`; kPinned: made opaque, so it stays in a register. At
@@ -225,9 +211,8 @@ struct SharedState {
   uint32_t bin_key;
   uint32_t candidates;  // appended to the candidate list
   RefineFloor refine;   // capture_floor's hand-over to refine_capture_floor
-  uint32_t cta[2][2];   // this CTA's totals per exchange, read by the others
+  uint32_t cta[2];      // this CTA's totals for the exchange, read by the others
   uint32_t sums[4];     // the exchange's result, for every thread
-  int32_t request[2];   // slots: the row's req_id and prefill_request_id (-1: absent)
 };
 
 static_assert(kStagedSlots * sizeof(int32_t) <= sizeof(SharedState::hist) &&
@@ -995,15 +980,6 @@ __device__ __forceinline__ void sort_descending(uint64_t* v, int n) {
 //! What the write phase stores for each selected id (the op's output).
 struct IdsSink {};  // the ids (topk_per_row)
 
-//! The sink counts the valid slots (compaction, valid counts): an exchange of the counts.
-template <typename Sink>
-__device__ __forceinline__ bool counts_valid_slots(const Sink& sink) {
-  if constexpr (std::is_same<Sink, ConvertIndexArgs>::value) {
-    return sink.compact || sink.valid_counts.present();
-  }
-  return false;
-}
-
 //! Sums of (x, y) over the cluster's CTAs before this one and over all of them.
 struct ClusterSums {
   uint32_t x_before = 0, y_before = 0, x_all = 0, y_all = 0;
@@ -1011,27 +987,25 @@ struct ClusterSums {
 
 /*!
  * \brief Exchanges this CTA's totals (x, y) with the cluster through distributed shared
- *        memory, in slot `slot` (each exchange of a kernel has its own, as a slower CTA may
- *        still read the previous one). `last`: no CTA's shared memory is read after this,
- *        so the arrival that lets the CTAs exit is made here (the kernel waits for it
- *        last). Every thread calls it.
+ *        memory. `last`: no CTA's shared memory is read after this, so the arrival that
+ *        lets the CTAs exit is made here (the kernel waits for it last). Every thread
+ *        calls it.
  */
-__device__ __forceinline__ ClusterSums cluster_exchange(SharedState& s, int slot, int cluster,
-                                                        int rank, uint32_t x, uint32_t y,
-                                                        bool last) {
+__device__ __forceinline__ ClusterSums cluster_exchange(SharedState& s, int cluster, int rank,
+                                                        uint32_t x, uint32_t y, bool last) {
   ClusterSums sums;
   sums.x_all = x;
   sums.y_all = y;
   if (cluster == 1) return sums;
   cg::cluster_group cl = cg::this_cluster();
-  if (threadIdx.x == 0) s.cta[slot][0] = x, s.cta[slot][1] = y;
+  if (threadIdx.x == 0) s.cta[0] = x, s.cta[1] = y;
   cl.sync();  // every CTA's totals are published
   if (threadIdx.x < 32) {
     uint32_t v[4] = {0, 0, 0, 0};
     if (static_cast<int>(threadIdx.x) < cluster) {
       const SharedState* other = cl.map_shared_rank(&s, static_cast<int>(threadIdx.x));
-      v[2] = other->cta[slot][0];
-      v[3] = other->cta[slot][1];
+      v[2] = other->cta[0];
+      v[3] = other->cta[1];
       if (static_cast<int>(threadIdx.x) < rank) v[0] = v[2], v[1] = v[3];
     }
 #pragma unroll
@@ -1050,22 +1024,15 @@ __device__ __forceinline__ ClusterSums cluster_exchange(SharedState& s, int slot
 }
 
 /*!
- * \brief One kernel for the three ops: the selection, then a write phase that stores each
- *        selected id at its output position through the sink: the id (IdsSink), its slot
- *        (ConvertIndexArgs: convert_row / convert_tokens), or its candidate key
+ * \brief The selection, then a write phase that stores each selected id at its output
+ *        position through the sink: the id (IdsSink) or its candidate key
  *        (PackCandidatesArgs: pack_candidate).
  *        kCtasPerSm: the CTAs per SM its registers are budgeted for: 2 (64 registers a
  *        thread), or 1 (128) for launches whose clusters all fit one CTA per SM (launch).
- *        kPow2 (slots): convert_pow2 holds, so the conversion takes the shifts and masks of
- *        token_slot<true>, and decode_slots for decode rows (H200, beside the general
- *        conversion in one call, slots minus ids: 1 x 32K 2.0 -> 1.4 us, 1 x 128K 1.9 -> 1.3,
- *        16 x 128K 4.0 -> 2.9, 64 x 128K 1.9 -> 1.5).
  */
-template <typename Bits, bool kResident, typename Sink, int kCtasPerSm = 1024 / kThreads,
-          bool kPow2 = false>
+template <typename Bits, bool kResident, typename Sink, int kCtasPerSm = 1024 / kThreads>
 __global__ void __launch_bounds__(kThreads, kCtasPerSm)
     topk_per_row_kernel(const TopkPerRowArgs a, const Sink sink, int cluster) {
-  constexpr bool kSlots = std::is_same<Sink, ConvertIndexArgs>::value;
   constexpr bool kPacked = std::is_same<Sink, PackCandidatesArgs>::value;
   extern __shared__ __align__(16) uint32_t dynamic_smem[];
   __shared__ SharedState s;
@@ -1084,22 +1051,6 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
   const int64_t row = blockIdx.x / cluster;
   const int rank = static_cast<int>(blockIdx.x - row * cluster);
   const RowWindow w = row_window(a, row);
-  // Slots, 64-register build: the row's request, for the conversion at the end, is copied
-  // now, so that its load is off the tail's path (it overlaps the selection). H200, beside
-  // the load at the tail, same calls: topk_to_slots 256 x 32K 31.5 -> 30.4 us (with
-  // compaction and counts 34.0 -> 32.9), 256 x 128K 64.4 -> 64.1, 16 x 128K 20.1 -> 20.2;
-  // in the whole-SM build the copy lost (64 x 128K 25.2 -> 25.5), which keeps the load.
-  constexpr bool kRequestEarly = kSlots && kCtasPerSm > 1;
-  if constexpr (kRequestEarly) {
-    if (threadIdx.x == 0) {
-      if (sink.prefill_request_id.present()) {
-        copy_word_async(&s.request[1], &sink.prefill_request_id[row]);
-      } else {
-        s.request[1] = -1;
-      }
-      copy_word_async(&s.request[0], &sink.req_id[row]);
-    }
-  }
   // 32-bit divisions: a row has fewer than 2^31 columns.
   const int64_t per = static_cast<uint32_t>(w.count + cluster - 1) / static_cast<uint32_t>(cluster);
   const int64_t lo = rank * per < w.count ? rank * per : w.count;
@@ -1253,15 +1204,11 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
     }
   }
 
-  // The request's copy is visible to the block after the next barrier (every path to the
-  // conversion passes the counts' scan).
-  if (kRequestEarly && threadIdx.x == 0) await_word_copies();
-
   // A resident CTA's output positions need no exchange: the keys its passes counted are the
   // keys it marks (shared memory), so the counts of the CTAs before it are find_digit's.
   // Its reads of the other CTAs' shared memory end with the last pass: the arrival that
-  // lets the cluster exit is made here, unless a later exchange or barrier makes it.
-  if (kResident && cluster > 1 && !counts_valid_slots(sink) && !a.sorted) {
+  // lets the cluster exit is made here, unless the sort's barrier makes it.
+  if (kResident && cluster > 1 && !a.sorted) {
     cg::this_cluster().barrier_arrive();
   }
 
@@ -1369,14 +1316,12 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
   }
   // Streamed CTAs exchange their totals for their output positions: a walk re-reads the
   // logits, so its marks may not be the keys counted where the logits changed mid-run.
-  // Slots counted (compaction, valid counts) need a second exchange, after the first.
-  const bool counted = counts_valid_slots(sink);
   ClusterSums selected;
   if constexpr (kResident) {
     selected.x_before = s.gt_before;
     selected.y_before = s.eq_before;
   } else {
-    selected = cluster_exchange(s, 0, cluster, rank, gt_total, eq_total, !counted && !a.sorted);
+    selected = cluster_exchange(s, cluster, rank, gt_total, eq_total, !a.sorted);
   }
   const int64_t taken = w.count < k ? w.count : k;
 
@@ -1419,7 +1364,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
   const int64_t fill_step = static_cast<int64_t>(cluster) * kThreads;
   const int64_t fill_first = rank * kThreads + threadIdx.x;
   // Staged (at most kStagedSlots ids): the ids go to shared memory in output order, so that
-  // the writes are coalesced and topk_to_slots' gathers are batched.
+  // the writes are coalesced.
   const bool staged = count <= kStagedSlots;
   if (staged && !stage_while_counting) {
     for_each_selected([&](int64_t pos, int32_t id) { stage[pos - first] = id; });
@@ -1444,94 +1389,6 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
     for (int64_t j = taken + fill_first; j < k; j += fill_step) {
       out[j * stride] = kInvalidCandidateKey;
     }
-  } else if constexpr (kSlots) {
-    int32_t* out = sink.out.row(row);
-    const int64_t stride = sink.out.col_stride;
-    const ConvertRow convert = kRequestEarly ? convert_row_from(sink, s.request[1], s.request[0])
-                                             : convert_row(sink, row);
-    int64_t end = taken;  // past the last written position
-    // The CTA's ids go through the conversion kStagedSlots positions (a chunk) at a time:
-    // one chunk, already staged, unless the CTA has more ids.
-    const int64_t chunks = staged ? 1 : (count - 1) / kStagedSlots + 1;
-    // Stages chunk c's ids (positions first + c * kStagedSlots on). Every thread calls it.
-    auto stage_chunk = [&](int64_t c) {
-      if (staged) return;
-      const int64_t c0 = first + c * kStagedSlots;
-      __syncthreads();  // the previous chunk's ids are read
-      for_each_selected([&](int64_t pos, int32_t id) {
-        if (pos >= c0 && pos < c0 + kStagedSlots) stage[pos - c0] = id;
-      });
-      __syncthreads();
-    };
-    // Converts this thread's contiguous run [i0, i0 + mine) of the n staged ids with all its
-    // block-table gathers in flight at once; returns how many are valid.
-    int32_t slot[kStagedPerThread];
-    int64_t i0 = 0;
-    int mine = 0;
-    auto convert_chunk = [&](int64_t c) {
-      const int64_t n = count - c * kStagedSlots < kStagedSlots ? count - c * kStagedSlots
-                                                                : kStagedSlots;
-      const int per = static_cast<int>((n + kThreads - 1) / kThreads);
-      i0 = static_cast<int64_t>(threadIdx.x) * per;
-      mine = static_cast<int>(n - i0 < per ? (n > i0 ? n - i0 : 0) : per);
-#pragma unroll
-      for (int i = 0; i < kStagedPerThread; ++i) slot[i] = i < mine ? stage[i0 + i] : -1;
-      // -1 past `mine` stays -1.
-      convert_tokens<kPow2, kPow2>(sink, convert, slot, sink.block_table.col_stride);
-      uint32_t valid = 0;
-#pragma unroll
-      for (int i = 0; i < kStagedPerThread; ++i) valid += slot[i] >= 0;
-      return valid;
-    };
-    if (!counted) {
-      for (int64_t c = 0; c < chunks; ++c) {
-        stage_chunk(c);
-        convert_chunk(c);
-        const int64_t at = first + c * kStagedSlots + i0;
-#pragma unroll
-        for (int i = 0; i < kStagedPerThread; ++i) {
-          if (i < mine) out[(at + i) * stride] = slot[i];
-        }
-      }
-    } else {
-      // Compaction keeps column order: a slot's place is the valid slots of the CTAs before
-      // (the exchange), of the chunks before, and of the threads before in its chunk.
-      // Count first. One chunk (staged) keeps its slots and scan for the writes below.
-      uint32_t valid_before = 0, cta_valid = 0, unused_b, unused_t;
-      for (int64_t c = 0; c < chunks; ++c) {
-        stage_chunk(c);
-        uint32_t chunk_valid;
-        block_scan2(s, convert_chunk(c), 0, valid_before, unused_b, chunk_valid, unused_t);
-        cta_valid += chunk_valid;
-      }
-      const ClusterSums sums = cluster_exchange(s, 1, cluster, rank, cta_valid, 0, true);
-      int64_t chunk_base = sums.x_before;
-      for (int64_t c = 0; c < chunks; ++c) {
-        uint32_t chunk_valid = cta_valid;
-        if (chunks > 1) {
-          stage_chunk(c);
-          block_scan2(s, convert_chunk(c), 0, valid_before, unused_b, chunk_valid, unused_t);
-        }
-        int64_t next = chunk_base + valid_before;
-        const int64_t at = first + c * kStagedSlots + i0;
-#pragma unroll
-        for (int i = 0; i < kStagedPerThread; ++i) {
-          if (i >= mine) continue;
-          if (!sink.compact) {
-            out[(at + i) * stride] = slot[i];
-          } else if (slot[i] >= 0 && (kResident || next < k)) {  // (k: a race's bound)
-            out[(next++) * stride] = slot[i];
-          }
-        }
-        chunk_base += chunk_valid;
-      }
-      const int64_t valid = kResident || sums.x_all < k ? sums.x_all : k;
-      if (sink.compact) end = valid;
-      if (rank == 0 && threadIdx.x == 0 && sink.valid_counts.present()) {
-        sink.valid_counts[row] = static_cast<int32_t>(valid);
-      }
-    }
-    for (int64_t j = end + fill_first; j < k; j += fill_step) out[j * stride] = -1;
   } else {
     int32_t* out = a.out.row(row);
     const int64_t stride = a.out.col_stride;
@@ -1840,9 +1697,9 @@ __global__ void __launch_bounds__(kBlock, kShortBlockThreads / kBlock)  // 64 re
   }
 }
 
-template <typename Bits, bool kResident, typename Sink, bool kPow2 = false>
+template <typename Bits, bool kResident, typename Sink>
 void launch(const TopkPerRowArgs& a, const Sink& sink, const TopkPlan& plan, const Place& place) {
-  auto* kernel = topk_per_row_kernel<Bits, kResident, Sink, 1024 / kThreads, kPow2>;
+  auto* kernel = topk_per_row_kernel<Bits, kResident, Sink, 1024 / kThreads>;
   // A launch whose clusters all fit the chip at one CTA per SM (every resident launch but
   // the largest, and streamed ones of one wave) runs a build with the registers of the whole
   // SM: the walks and the slot conversion no longer spill (the slot kernels did at 64
@@ -1852,7 +1709,7 @@ void launch(const TopkPerRowArgs& a, const Sink& sink, const TopkPlan& plan, con
   // cudaOccupancyMaxActiveClusters, as a GPC holds whole clusters: run without that check,
   // 16 clusters of 8 took a second wave (16 x 128K 17.2 -> 21.6 us), where the 64-register
   // build runs two CTAs on some SMs.
-  auto* whole_sm = topk_per_row_kernel<Bits, kResident, Sink, 1, kPow2>;
+  auto* whole_sm = topk_per_row_kernel<Bits, kResident, Sink, 1>;
   // Per device: the attributes are set once (a launch on another device needs them too).
   static std::atomic<uint64_t> configured{0};
   const uint64_t bit = uint64_t{1} << (place.device % 64);
@@ -1917,31 +1774,30 @@ void launch_short_rows(const TopkPerRowArgs& a, const Sink& sink, const Place& p
 }
 
 //! The short-row kernel for the score type (the caller checked topk_plan's short_rows).
+//! kPow2 (slots): the conversion takes the shifts and masks of convert_pow2 (the caller
+//! checked it: topk_to_slots.cu).
 template <typename Sink, bool kPow2 = false>
 void run_short_rows(const TopkPerRowArgs& a, const Sink& sink, const Place& place) {
   a.bf16 ? launch_short_rows<uint16_t, Sink, kPow2>(a, sink, place)
          : launch_short_rows<uint32_t, Sink, kPow2>(a, sink, place);
 }
 
-/*!
- * \brief Picks the plan and the kernel for the score type and launches it. kPow2: the slot
- *        sink's conversion takes the shifts and masks of convert_pow2 (the caller checked
- *        it: topk_to_slots.cu).
- */
-template <typename Sink, bool kPow2 = false>
+//! Picks the plan and the kernel for the score type and launches it (ids or candidate keys;
+//! topk_to_slots takes run_short_rows alone).
+template <typename Sink>
 void run_selection(const TopkPerRowArgs& a, const Sink& sink, const Place& place) {
   if (a.rows == 0) return;
   DeviceGuard guard(place.device);
   const TopkPlan plan = topk_plan(a.rows, a.cols, sm_count(place.device));
   if (plan.short_rows && !a.sorted) {  // sorted ids: the cluster kernel's rewrite
-    return run_short_rows<Sink, kPow2>(a, sink, place);
+    return run_short_rows(a, sink, place);
   }
   if (a.bf16) {
-    plan.resident ? launch<uint16_t, true, Sink, kPow2>(a, sink, plan, place)
-                  : launch<uint16_t, false, Sink, kPow2>(a, sink, plan, place);
+    plan.resident ? launch<uint16_t, true, Sink>(a, sink, plan, place)
+                  : launch<uint16_t, false, Sink>(a, sink, plan, place);
   } else {
-    plan.resident ? launch<uint32_t, true, Sink, kPow2>(a, sink, plan, place)
-                  : launch<uint32_t, false, Sink, kPow2>(a, sink, plan, place);
+    plan.resident ? launch<uint32_t, true, Sink>(a, sink, plan, place)
+                  : launch<uint32_t, false, Sink>(a, sink, plan, place);
   }
 }
 
