@@ -163,14 +163,15 @@ def topk_to_slots(
     out: Optional[Tensor] = None,
     valid_counts: Optional[Tensor] = None,
 ) -> Union[Tensor, tuple[Tensor, Tensor]]:
-    """The per-row top-K converted to paged-KV slots, in one kernel::
+    """The per-row top-K converted to paged-KV slots::
 
         convert_req_index_to_global_index(req_id, block_table,
                                           topk_per_row(logits, k, <bounds>), block_size,
                                           block_stride=block_stride, compact=compact)
 
-    without the ``[rows, k]`` round trip of the ids: each selected id goes through the
-    conversion's rules as it is written (docs/ops.md sections 2 and 9). The ids are in
+    with no ids buffer: on CUDA, rows of at most 8192 columns convert each selected id as
+    it is written (one kernel); longer rows write the ids into ``out`` and convert them
+    there (two launches; docs/ops.md sections 2 and 9). The ids are in
     ``topk_per_row``'s default order (ascending column); ``compact`` moves the valid
     slots to the front in that order and ``valid_counts`` counts the slots that are valid
     after the conversion.
