@@ -1773,13 +1773,22 @@ void launch_short_rows(const TopkPerRowArgs& a, const Sink& sink, const Place& p
   launch_short_rows<Bits, kShortMaxItems, 512, Sink, kPow2>(a, sink, place);
 }
 
+//! Whether a sink takes bf16 logits: DCP candidate keys come from fp32 logits only
+//! (topk_to_candidates never sets TopkPerRowArgs::bf16), so their bf16 kernels are not built.
+template <typename Sink>
+constexpr bool takes_bf16() {
+  return !std::is_same<Sink, PackCandidatesArgs>::value;
+}
+
 //! The short-row kernel for the score type (the caller checked topk_plan's short_rows).
 //! kPow2 (slots): the conversion takes the shifts and masks of convert_pow2 (the caller
 //! checked it: topk_to_slots.cu).
 template <typename Sink, bool kPow2 = false>
 void run_short_rows(const TopkPerRowArgs& a, const Sink& sink, const Place& place) {
-  a.bf16 ? launch_short_rows<uint16_t, Sink, kPow2>(a, sink, place)
-         : launch_short_rows<uint32_t, Sink, kPow2>(a, sink, place);
+  if constexpr (takes_bf16<Sink>()) {
+    if (a.bf16) return launch_short_rows<uint16_t, Sink, kPow2>(a, sink, place);
+  }
+  launch_short_rows<uint32_t, Sink, kPow2>(a, sink, place);
 }
 
 //! Picks the plan and the kernel for the score type and launches it (ids or candidate keys;
@@ -1792,13 +1801,14 @@ void run_selection(const TopkPerRowArgs& a, const Sink& sink, const Place& place
   if (plan.short_rows && !a.sorted) {  // sorted ids: the cluster kernel's rewrite
     return run_short_rows(a, sink, place);
   }
-  if (a.bf16) {
-    plan.resident ? launch<uint16_t, true, Sink>(a, sink, plan, place)
-                  : launch<uint16_t, false, Sink>(a, sink, plan, place);
-  } else {
-    plan.resident ? launch<uint32_t, true, Sink>(a, sink, plan, place)
-                  : launch<uint32_t, false, Sink>(a, sink, plan, place);
+  if constexpr (takes_bf16<Sink>()) {
+    if (a.bf16) {
+      return plan.resident ? launch<uint16_t, true, Sink>(a, sink, plan, place)
+                           : launch<uint16_t, false, Sink>(a, sink, plan, place);
+    }
   }
+  plan.resident ? launch<uint32_t, true, Sink>(a, sink, plan, place)
+                : launch<uint32_t, false, Sink>(a, sink, plan, place);
 }
 
 }  // namespace
