@@ -605,13 +605,14 @@ def test_streamed_capture_multi_segment_bf16():
 
 
 # ---------------------------------------------------------------------------------------
-# topk_to_slots: the top-K through the index conversion, one kernel
+# topk_to_slots: the top-K through the index conversion (one kernel on short rows, else
+# the ids kernel and the conversion in place)
 # ---------------------------------------------------------------------------------------
 
 
 def slots_both(device, x, k, req_id, table, block_size, counts=True, **kw):
     """topk_to_slots on `device` equals the reference; with `counts`, its valid counts too
-    (without them a resident cluster has no exchange after the passes: another path)."""
+    (without them neither kernel counts the valid slots: other paths)."""
     want, want_counts = reference.topk_to_slots(x, k, req_id, table, block_size, **kw)
     dev = {n: v.to(device) if isinstance(v, torch.Tensor) else v for n, v in kw.items()}
     result = dsa_ext.topk_to_slots(x.to(device), k, req_id.to(device), table.to(device),
@@ -679,9 +680,10 @@ def test_slots_every_plan_matches_reference(plan, case, counts):
 @pytest.mark.parametrize("plan, L, k", [(1, 20000, 6000), (2, 300000, 12000), (101, 300000, 9000)])
 @pytest.mark.parametrize("compact", [False, True])
 def test_slots_past_the_stage_keep_column_order(plan, L, k, compact):
-    """More ids per CTA than one stage of the conversion holds (several chunks), with one
-    bitmap segment per slice (plan 1) and several (150K- and 300K-column slices): in place
-    and compacted slots in column order, and the valid counts."""
+    """More selected ids per CTA than the ids kernel stages (kStagedSlots: it writes them
+    from its bitmaps), with one bitmap segment per slice (plan 1) and several (150K- and
+    300K-column slices): in place and compacted slots in column order, and the valid
+    counts."""
     g = torch.Generator().manual_seed(L + k)
     x = torch.randn(2, L, generator=g)
     x[1] = torch.randint(0, 16, (L,), generator=g).float()
@@ -690,7 +692,7 @@ def test_slots_past_the_stage_keep_column_order(plan, L, k, compact):
     req = torch.tensor([0, 2], dtype=I32)
     with forced_topk_plan(plan):
         slots_both(torch.device("cuda"), x, k, req, table, 64, compact=compact)
-        if not compact:  # no counts asked for: the in-place chunks
+        if not compact:  # no counts asked for
             want, _ = reference.topk_to_slots(x, k, req, table, 64)
             got = dsa_ext.topk_to_slots(x.cuda(), k, req.cuda(), table.cuda(), 64)
             assert_equal(got, want, k=k, L=L)
