@@ -436,9 +436,10 @@ def _register_topk_per_row(rows: int, L: int, k: int = 2048, dtype=torch.float32
         return calls
 
 
-def _register_topk_fused(rows: int, L: int, op: str, k: int = 2048):
-    """topk_to_slots (compacted, block table of 64-token blocks) or topk_to_candidates
-    (rank 1 of 4): the per-row top-K with its write phase fused."""
+def _register_topk_to_outputs(rows: int, L: int, op: str, k: int = 2048):
+    """topk_to_slots (compacted, block table of 64-token blocks; on rows past 8192 columns
+    the ids kernel, then the conversion in place) or topk_to_candidates (rank 1 of 4, one
+    kernel)."""
     out_bytes = rows * k * (8 if op == "topk_to_candidates" else 4)
     nbytes = rows * L * 4 + out_bytes + (rows * (L // 64 + 1) * 4 if op == "topk_to_slots" else 0)
 
@@ -475,8 +476,8 @@ _register_topk_per_row(64, 32768, sorted=True)
 _register_topk_per_row(1, 1 << 20)
 _register_topk_per_row(4096, 2048, k=512)  # short rows: the short-row kernel
 for _rows in (1, 64):
-    _register_topk_fused(_rows, 32768, "topk_to_slots")
-    _register_topk_fused(_rows, 32768, "topk_to_candidates")
+    _register_topk_to_outputs(_rows, 32768, "topk_to_slots")
+    _register_topk_to_outputs(_rows, 32768, "topk_to_candidates")
 
 
 # ---------------------------------------------------------------------------------------

@@ -191,7 +191,7 @@ def topk_to_slots(
         ``out``, or ``(out, valid_counts)`` when ``return_valid_counts``.
 
     Raises:
-        TypeError / ValueError naming the argument, as the two ops it fuses.
+        TypeError / ValueError naming the argument, as the two ops it composes.
 
     Example::
 
