@@ -37,7 +37,7 @@ PYBIND11_MODULE(_C, m) {
         py::arg("lengths"), py::arg("seq_lens"), py::arg("next_n"), py::arg("row_starts"),
         py::arg("row_ends"), py::arg("sorted"), py::arg("out"), py::arg("is_bf16"),
         py::arg("seq_lens_2d"), py::arg("device"), py::arg("stream"));
-  // docs/ops.md section 9: the per-row top-K converted to paged-KV slots in one kernel.
+  // docs/ops.md section 9: the per-row top-K converted to paged-KV slots.
   m.def("topk_to_slots", &dsa::topk_to_slots, py::arg("logits"), py::arg("k"),
         py::arg("lengths"), py::arg("seq_lens"), py::arg("next_n"), py::arg("row_starts"),
         py::arg("row_ends"), py::arg("req_id"), py::arg("block_table"),

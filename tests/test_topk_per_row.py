@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 import dsa_ext
 from dsa_ext import reference
 from dsa_ext.topk import CUDA_MAX_SORTED
-from conftest import assert_equal, capture_graph, forced_topk_plan
+from conftest import assert_equal, capture_graph, forced_convert_plan, forced_topk_plan
 
 I32 = torch.int32
 BOUNDS = ("lengths", "seq_lens", "next_n", "row_starts", "row_ends")
@@ -510,7 +510,7 @@ def test_streamed_capture_paths(dtype, L, plan):
             starts = torch.arange(8, dtype=I32) * 3 + 1
             run_both(torch.device("cuda"), x, k, row_starts=starts,
                      row_ends=torch.full((8,), L, dtype=I32) - starts)
-        # The sorted rewrite and the slot sink share the captured selection.
+        # The sorted rewrite and topk_to_slots' ids share the captured selection.
         run_both(torch.device("cuda"), x, 2048, sorted=True)
         table = torch.arange(8 * (L // 64 + 1), dtype=I32).reshape(8, -1) * 3
         slots_both(torch.device("cuda"), x, 2048, torch.arange(8, dtype=I32), table, 64,
@@ -696,6 +696,25 @@ def test_slots_past_the_stage_keep_column_order(plan, L, k, compact):
             want, _ = reference.topk_to_slots(x, k, req, table, 64)
             got = dsa_ext.topk_to_slots(x.cuda(), k, req.cuda(), table.cuda(), 64)
             assert_equal(got, want, k=k, L=L)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("convert_plan", [0, 1, 8])
+@pytest.mark.parametrize("compact", [False, True])
+def test_slots_in_place_conversion_every_plan(convert_plan, compact):
+    """Rows past the short-row kernel take the ids kernel, then the conversion in place on
+    `out`: under each conversion plan (0: one CTA per row, tile after tile; 1, 8: split
+    rows, whose compacting parts write only once every part of the row has read its ids),
+    with and without valid counts."""
+    g = torch.Generator().manual_seed(77 + convert_plan)
+    x = torch.randn(6, 20000, generator=g)
+    table = torch.randint(0, 1 << 16, (3, 20000 // 64 + 1), generator=g, dtype=I32)
+    table[torch.rand(table.shape, generator=g) < 0.2] = -1  # invalid slots to compact out
+    req = torch.tensor([0, 1, 2, -1, 1, 0], dtype=I32)
+    with forced_convert_plan(convert_plan):
+        for counts in (True, False):
+            slots_both(torch.device("cuda"), x, 4096, req, table, 64, counts=counts,
+                       compact=compact)
 
 
 @pytest.mark.cuda

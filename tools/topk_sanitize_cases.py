@@ -1,6 +1,6 @@
 """Small topk_per_row / topk_to_slots / topk_to_candidates runs over every plan kind (resident
 and streamed clusters, one and several bitmap segments, randn, uniform and 16-value rows,
-more ids per CTA than the conversion's stage), each compared with the CPU, then streamed plans
+more ids per CTA than the ids kernel stages), each compared with the CPU, then streamed plans
 on logits another stream rewrites meanwhile (every store must stay in its row), for
 compute-sanitizer (memcheck, racecheck, synccheck); the default plan runs rows of at most 8192
 columns on the short-row kernel:
@@ -79,7 +79,7 @@ for x in (cases[4], cases[5]):
         c = dsa_ext.topk_to_candidates(x.cuda(), k, 1, 4).cpu()
         check(torch.equal(c, dsa_ext.topk_to_candidates(x, k, 1, 4)), "short-row candidates",
               tuple(x.shape), k)
-# More ids per CTA than the conversion's stage (several chunks), one and several bitmap
+# More ids per CTA than the ids kernel stages (kStagedSlots), one and several bitmap
 # segments per slice, compacted with counts.
 y = torch.randn(2, 140000, generator=g)
 y[1] = torch.randint(0, 16, (y.shape[1],), generator=g).float()
@@ -92,7 +92,7 @@ for plan in (-1, 101):
     got = dsa_ext.topk_to_slots(y.cuda(), 5000, req.cuda(), tab.cuda(), 64, compact=True,
                                 return_valid_counts=True)
     check(torch.equal(got[0].cpu(), want[0]) and torch.equal(got[1].cpu(), want[1]),
-          "chunked slots", plan)
+          "slots past the stage", plan)
 # A caller's race: another stream rewrites the logits while streamed plans (whose walks
 # re-read them) run, with no ordering between the two. The ids are then unspecified, but
 # every store stays in its own row: each launch writes rows 0-3 of its own [5, 2048] block,

@@ -128,9 +128,10 @@ void topk_per_row_cuda(const TopkPerRowArgs& args, const Place& place);
 
 /*!
  * \brief topk_to_slots: the selected ids go through the index conversion's element rules
- *        (convert_row, convert_tokens) as they are written. `convert.token_indices` is
- *        unused; `convert.out` is `topk.out`; compaction and valid counts count the slots
- *        that convert to a valid slot.
+ *        (convert_row, convert_tokens): as the short-row kernel writes them, else in place
+ *        on `topk.out` after the ids kernel (convert_ids_in_place sets
+ *        `convert.token_indices`, unused otherwise). `convert.out` is `topk.out`;
+ *        compaction and valid counts count the slots that convert to a valid slot.
  */
 struct TopkSlotsArgs {
   TopkPerRowArgs topk;

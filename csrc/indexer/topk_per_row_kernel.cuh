@@ -1254,8 +1254,8 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
     word_run((s1 - s0 + 31) / 32, w0, w1);
     uint32_t gt = 0, eq = 0;
     for (uint32_t i = w0; i < w1; ++i) gt += __popc(m.sel[i]), eq += merged ? 0 : __popc(m.tie[i]);
-    // No end barrier: the next scan follows the next segment's marks, the staging or a
-    // chunk's staging, each behind a barrier (the exchange's own one, with a cluster).
+    // No end barrier: the next scan follows the next segment's marks or the staging, each
+    // behind a barrier (the exchange's own one, with a cluster).
     block_scan2<false>(s, gt, eq, gt_before, eq_before, gt_total, eq_total);
   };
   // Calls visit(position, id) for each selected column of the words [w0, w1) of the
@@ -1431,7 +1431,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
  *        keeps ascending column order. The cluster kernel's fixed costs (2048-bin
  *        histograms, candidate list, bitmaps, 96 KB of shared memory) outweigh the work of
  *        a row this short; this one keeps several CTAs per SM. Grid-stride over the rows.
- *        The sinks as in topk_per_row_kernel: ids (unsorted), DCP candidate keys, or slots:
+ *        The sinks: ids (unsorted), DCP candidate keys, or slots (this kernel only):
  *        the ids are staged in shared memory at their output positions, then converted
  *        kSlotTile positions at a time (position p in thread p % kBlock), all block-table
  *        gathers of a thread in flight, so that only the selected ids are converted. With
@@ -1702,10 +1702,9 @@ void launch(const TopkPerRowArgs& a, const Sink& sink, const TopkPlan& plan, con
   auto* kernel = topk_per_row_kernel<Bits, kResident, Sink, 1024 / kThreads>;
   // A launch whose clusters all fit the chip at one CTA per SM (every resident launch but
   // the largest, and streamed ones of one wave) runs a build with the registers of the whole
-  // SM: the walks and the slot conversion no longer spill (the slot kernels did at 64
-  // registers). H200, beside the 64-register build in the same call: 1 x 32K 9.07 -> 8.8
-  // us, 64 x 32K 14.3 -> 13.6-14.0, 1 x 128K 13.3 -> 12.7-12.9, 128 x 64K 23.3 -> 22.6-22.8;
-  // topk_to_slots 1 x 128K 13.58 -> 12.70, 64 x 128K 26.5-26.7 -> 25.0-25.2. Checked with
+  // SM: the walks no longer spill. H200, beside the 64-register build in the same call:
+  // 1 x 32K 9.07 -> 8.8 us, 64 x 32K 14.3 -> 13.6-14.0, 1 x 128K 13.3 -> 12.7-12.9,
+  // 128 x 64K 23.3 -> 22.6-22.8. Checked with
   // cudaOccupancyMaxActiveClusters, as a GPC holds whole clusters: run without that check,
   // 16 clusters of 8 took a second wave (16 x 128K 17.2 -> 21.6 us), where the 64-register
   // build runs two CTAs on some SMs.
