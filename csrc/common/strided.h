@@ -7,6 +7,7 @@
 
 #include <array>
 #include <cstdint>
+#include <type_traits>
 
 #include "dcp_math.h"  // DSA_HD
 
@@ -43,6 +44,12 @@ struct Strided2D {
   explicit Strided2D(const Desc2& d)
       : data(reinterpret_cast<T*>(static_cast<uintptr_t>(d[0]))), rows(d[1]), cols(d[2]),
         row_stride(d[3]), col_stride(d[4]) {}
+  //! A read-only view of a writable one (Strided2D<const T> from Strided2D<T>).
+  template <typename U, typename = std::enable_if_t<std::is_same<const U, T>::value &&
+                                                    !std::is_same<U, T>::value>>
+  DSA_HD Strided2D(const Strided2D<U>& v)  // implicit, as T* converts to const T*
+      : data(v.data), rows(v.rows), cols(v.cols), row_stride(v.row_stride),
+        col_stride(v.col_stride) {}
 
   DSA_HD bool present() const { return data != nullptr; }
   DSA_HD T* row(int64_t r) const { return data + r * row_stride; }

@@ -112,6 +112,12 @@ struct TopkPlan {
 //! (keys take 4 bytes of shared memory whatever the score type).
 TopkPlan topk_plan(int64_t rows, int64_t cols, int64_t sms);
 
+//! Whether the short-row kernel runs these arguments under `plan` (sorted ids take the
+//! cluster kernel's rewrite).
+inline bool short_row_kernel_serves(const TopkPerRowArgs& a, const TopkPlan& plan) {
+  return plan.short_rows && !a.sorted;
+}
+
 /*!
  * \brief Tests and tuning: code < 0 lets topk_plan choose (the default); 1..16 forces
  *        that many CTAs per row (resident where the slices fit, else streamed); 100 + n
@@ -142,11 +148,7 @@ struct TopkSlotsArgs {
 //! and the CUDA kernel both read a column before any write that could land on it).
 inline ConvertIndexArgs convert_ids_in_place(const TopkSlotsArgs& a) {
   ConvertIndexArgs convert = a.convert;
-  convert.token_indices.data = a.topk.out.data;
-  convert.token_indices.rows = a.topk.out.rows;
-  convert.token_indices.cols = a.topk.out.cols;
-  convert.token_indices.row_stride = a.topk.out.row_stride;
-  convert.token_indices.col_stride = a.topk.out.col_stride;
+  convert.token_indices = a.topk.out;
   return convert;
 }
 

@@ -1797,9 +1797,7 @@ void run_selection(const TopkPerRowArgs& a, const Sink& sink, const Place& place
   if (a.rows == 0) return;
   DeviceGuard guard(place.device);
   const TopkPlan plan = topk_plan(a.rows, a.cols, sm_count(place.device));
-  if (plan.short_rows && !a.sorted) {  // sorted ids: the cluster kernel's rewrite
-    return run_short_rows(a, sink, place);
-  }
+  if (short_row_kernel_serves(a, plan)) return run_short_rows(a, sink, place);
   if constexpr (takes_bf16<Sink>()) {
     if (a.bf16) {
       return plan.resident ? launch<uint16_t, true, Sink>(a, sink, plan, place)

@@ -10,7 +10,7 @@ void topk_to_slots_cuda(const TopkSlotsArgs& a, const Place& place) {
   if (a.topk.rows == 0) return;
   DeviceGuard guard(place.device);
   const TopkPlan plan = topk_plan(a.topk.rows, a.topk.cols, sm_count(place.device));
-  if (plan.short_rows && !a.topk.sorted) {
+  if (short_row_kernel_serves(a.topk, plan)) {
     if (convert_pow2(a.convert)) return topk_to_slots_pow2_cuda(a, place);
     return run_short_rows(a.topk, a.convert, place);
   }
