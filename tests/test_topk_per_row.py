@@ -605,8 +605,9 @@ def test_streamed_capture_multi_segment_bf16():
 
 
 # ---------------------------------------------------------------------------------------
-# topk_to_slots: the top-K through the index conversion (one kernel on short rows, else
-# the ids kernel and the conversion in place)
+# topk_to_slots: the top-K through the index conversion (one kernel on short rows and on
+# plain slots of one-CTA-per-SM launches in clusters of 1-2, else the ids kernel and the
+# conversion in place)
 # ---------------------------------------------------------------------------------------
 
 
@@ -702,16 +703,16 @@ def test_slots_past_the_stage_keep_column_order(plan, L, k, compact):
 @pytest.mark.parametrize("convert_plan", [0, 1, 8])
 @pytest.mark.parametrize("compact", [False, True])
 def test_slots_in_place_conversion_every_plan(convert_plan, compact):
-    """Rows past the short-row kernel take the ids kernel, then the conversion in place on
-    `out`: under each conversion plan (0: one CTA per row, tile after tile; 1, 8: split
-    rows, whose compacting parts write only once every part of the row has read its ids),
-    with and without valid counts."""
+    """Rows past the short-row kernel in clusters of 8 (top-K plan 8) take the ids kernel,
+    then the conversion in place on `out`: under each conversion plan (0: one CTA per row,
+    tile after tile; 1, 8: split rows, whose compacting parts write only once every part of
+    the row has read its ids), with and without valid counts."""
     g = torch.Generator().manual_seed(77 + convert_plan)
     x = torch.randn(6, 20000, generator=g)
     table = torch.randint(0, 1 << 16, (3, 20000 // 64 + 1), generator=g, dtype=I32)
     table[torch.rand(table.shape, generator=g) < 0.2] = -1  # invalid slots to compact out
     req = torch.tensor([0, 1, 2, -1, 1, 0], dtype=I32)
-    with forced_convert_plan(convert_plan):
+    with forced_topk_plan(8), forced_convert_plan(convert_plan):
         for counts in (True, False):
             slots_both(torch.device("cuda"), x, 4096, req, table, 64, counts=counts,
                        compact=compact)

@@ -134,7 +134,8 @@ void topk_per_row_cuda(const TopkPerRowArgs& args, const Place& place);
 
 /*!
  * \brief topk_to_slots: the selected ids go through the index conversion's element rules
- *        (convert_row, convert_tokens): as the short-row kernel writes them, else in place
+ *        (convert_row, convert_tokens): as the selection kernel writes them (the short-row
+ *        kernel; the cluster kernel for plain slots, topk_to_slots_cuda), else in place
  *        on `topk.out` after the ids kernel (convert_ids_in_place sets
  *        `convert.token_indices`, unused otherwise). `convert.out` is `topk.out`;
  *        compaction and valid counts count the slots that convert to a valid slot.

@@ -1,7 +1,7 @@
 // The indexer's per-row top-K: the selection kernels and their launcher, shared by the
-// kernel files of the three ops (topk_per_row.cu, topk_to_candidates.cu, and for the
-// short-row kernel topk_to_slots.cu and topk_to_slots_pow2.cu): a translation unit per sink,
-// so that a build compiles them in parallel.
+// kernel files of the three ops (topk_per_row.cu, topk_to_slots.cu and
+// topk_to_slots_pow2.cu, topk_to_candidates.cu): a translation unit per sink, so that a
+// build compiles them in parallel.
 //
 // Radix select on the 32-bit order keys (score_key), digits of 11, 11 and 10 bits from the
 // top. Each row is one thread block cluster of `cluster` CTAs; CTA r holds the contiguous
@@ -120,6 +120,7 @@ constexpr int64_t kWaveTailColumns = 65536;
 //! A CTA's selected ids are staged in its histograms' shared memory, in output order, when
 //! there are at most this many of them.
 constexpr int64_t kStagedSlots = 4096;
+constexpr int kStagedPerThread = static_cast<int>(kStagedSlots / kThreads);  // plain slots
 //! The short-row kernel (topk_short_rows_kernel): 256 threads per CTA, 512 for rows past
 //! 256 x kShortMaxItems columns; at most kShortMaxItems keys per thread in registers; the
 //! registers of kShortBlockThreads threads per SM (64 each: 16 keys per thread fit).
@@ -1025,14 +1026,17 @@ __device__ __forceinline__ ClusterSums cluster_exchange(SharedState& s, int clus
 
 /*!
  * \brief The selection, then a write phase that stores each selected id at its output
- *        position through the sink: the id (IdsSink) or its candidate key
- *        (PackCandidatesArgs: pack_candidate).
+ *        position through the sink: the id (IdsSink), its candidate key
+ *        (PackCandidatesArgs: pack_candidate) or its slot (ConvertIndexArgs without
+ *        compaction or counts: convert_tokens; kPow2: convert_pow2 holds).
  *        kCtasPerSm: the CTAs per SM its registers are budgeted for: 2 (64 registers a
  *        thread), or 1 (128) for launches whose clusters all fit one CTA per SM (launch).
  */
-template <typename Bits, bool kResident, typename Sink, int kCtasPerSm = 1024 / kThreads>
+template <typename Bits, bool kResident, typename Sink, int kCtasPerSm = 1024 / kThreads,
+          bool kPow2 = false>
 __global__ void __launch_bounds__(kThreads, kCtasPerSm)
     topk_per_row_kernel(const TopkPerRowArgs a, const Sink sink, int cluster) {
+  constexpr bool kSlots = std::is_same<Sink, ConvertIndexArgs>::value;
   constexpr bool kPacked = std::is_same<Sink, PackCandidatesArgs>::value;
   extern __shared__ __align__(16) uint32_t dynamic_smem[];
   __shared__ SharedState s;
@@ -1389,6 +1393,38 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
     for (int64_t j = taken + fill_first; j < k; j += fill_step) {
       out[j * stride] = kInvalidCandidateKey;
     }
+  } else if constexpr (kSlots) {
+    // Plain slots (no compaction or counts; topk_to_slots.cu picks the launches): the CTA's
+    // ids go through the conversion kStagedSlots positions (a chunk) at a time, each thread
+    // a contiguous run of a chunk with all its block-table gathers in flight at once.
+    int32_t* out = sink.out.row(row);
+    const int64_t stride = sink.out.col_stride;
+    const ConvertRow convert = convert_row(sink, row);
+    const int64_t chunks = staged ? 1 : (count - 1) / kStagedSlots + 1;  // staged: one
+    for (int64_t c = 0; c < chunks; ++c) {
+      const int64_t c0 = first + c * kStagedSlots;
+      if (!staged) {
+        __syncthreads();  // the previous chunk's ids are read
+        for_each_selected([&](int64_t pos, int32_t id) {
+          if (pos >= c0 && pos < c0 + kStagedSlots) stage[pos - c0] = id;
+        });
+        __syncthreads();
+      }
+      const int64_t n = count - c * kStagedSlots < kStagedSlots ? count - c * kStagedSlots
+                                                                : kStagedSlots;
+      const int per = static_cast<int>((n + kThreads - 1) / kThreads);
+      const int64_t i0 = static_cast<int64_t>(threadIdx.x) * per;
+      const int mine = static_cast<int>(n - i0 < per ? (n > i0 ? n - i0 : 0) : per);
+      int32_t slot[kStagedPerThread];
+#pragma unroll
+      for (int i = 0; i < kStagedPerThread; ++i) slot[i] = i < mine ? stage[i0 + i] : -1;
+      convert_tokens<kPow2, kPow2>(sink, convert, slot, sink.block_table.col_stride);
+#pragma unroll
+      for (int i = 0; i < kStagedPerThread; ++i) {
+        if (i < mine) out[(c0 + i0 + i) * stride] = slot[i];
+      }
+    }
+    for (int64_t j = taken + fill_first; j < k; j += fill_step) out[j * stride] = -1;
   } else {
     int32_t* out = a.out.row(row);
     const int64_t stride = a.out.col_stride;
@@ -1431,7 +1467,8 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
  *        keeps ascending column order. The cluster kernel's fixed costs (2048-bin
  *        histograms, candidate list, bitmaps, 96 KB of shared memory) outweigh the work of
  *        a row this short; this one keeps several CTAs per SM. Grid-stride over the rows.
- *        The sinks: ids (unsorted), DCP candidate keys, or slots (this kernel only):
+ *        The sinks: ids (unsorted), DCP candidate keys, or slots (with compaction and
+ *        valid counts too, which the cluster kernel's slot sink leaves to two launches):
  *        the ids are staged in shared memory at their output positions, then converted
  *        kSlotTile positions at a time (position p in thread p % kBlock), all block-table
  *        gathers of a thread in flight, so that only the selected ids are converted. With
@@ -1697,9 +1734,9 @@ __global__ void __launch_bounds__(kBlock, kShortBlockThreads / kBlock)  // 64 re
   }
 }
 
-template <typename Bits, bool kResident, typename Sink>
+template <typename Bits, bool kResident, typename Sink, bool kPow2 = false>
 void launch(const TopkPerRowArgs& a, const Sink& sink, const TopkPlan& plan, const Place& place) {
-  auto* kernel = topk_per_row_kernel<Bits, kResident, Sink, 1024 / kThreads>;
+  auto* kernel = topk_per_row_kernel<Bits, kResident, Sink, 1024 / kThreads, kPow2>;
   // A launch whose clusters all fit the chip at one CTA per SM (every resident launch but
   // the largest, and streamed ones of one wave) runs a build with the registers of the whole
   // SM: the walks no longer spill. H200, beside the 64-register build in the same call:
@@ -1708,7 +1745,7 @@ void launch(const TopkPerRowArgs& a, const Sink& sink, const TopkPlan& plan, con
   // cudaOccupancyMaxActiveClusters, as a GPC holds whole clusters: run without that check,
   // 16 clusters of 8 took a second wave (16 x 128K 17.2 -> 21.6 us), where the 64-register
   // build runs two CTAs on some SMs.
-  auto* whole_sm = topk_per_row_kernel<Bits, kResident, Sink, 1>;
+  auto* whole_sm = topk_per_row_kernel<Bits, kResident, Sink, 1, kPow2>;
   // Per device: the attributes are set once (a launch on another device needs them too).
   static std::atomic<uint64_t> configured{0};
   const uint64_t bit = uint64_t{1} << (place.device % 64);
@@ -1790,28 +1827,28 @@ void run_short_rows(const TopkPerRowArgs& a, const Sink& sink, const Place& plac
   launch_short_rows<uint32_t, Sink, kPow2>(a, sink, place);
 }
 
-//! Picks the plan and the kernel for the score type and launches it (ids or candidate keys;
-//! topk_to_slots takes run_short_rows alone).
-template <typename Sink>
+//! Picks the plan and the kernel for the score type and launches it. kPow2: as
+//! run_short_rows.
+template <typename Sink, bool kPow2 = false>
 void run_selection(const TopkPerRowArgs& a, const Sink& sink, const Place& place) {
   if (a.rows == 0) return;
   DeviceGuard guard(place.device);
   const TopkPlan plan = topk_plan(a.rows, a.cols, sm_count(place.device));
-  if (short_row_kernel_serves(a, plan)) return run_short_rows(a, sink, place);
+  if (short_row_kernel_serves(a, plan)) return run_short_rows<Sink, kPow2>(a, sink, place);
   if constexpr (takes_bf16<Sink>()) {
     if (a.bf16) {
-      return plan.resident ? launch<uint16_t, true, Sink>(a, sink, plan, place)
-                           : launch<uint16_t, false, Sink>(a, sink, plan, place);
+      return plan.resident ? launch<uint16_t, true, Sink, kPow2>(a, sink, plan, place)
+                           : launch<uint16_t, false, Sink, kPow2>(a, sink, plan, place);
     }
   }
-  plan.resident ? launch<uint32_t, true, Sink>(a, sink, plan, place)
-                : launch<uint32_t, false, Sink>(a, sink, plan, place);
+  plan.resident ? launch<uint32_t, true, Sink, kPow2>(a, sink, plan, place)
+                : launch<uint32_t, false, Sink, kPow2>(a, sink, plan, place);
 }
 
 }  // namespace
 
-//! topk_to_slots_cuda's short rows where convert_pow2 holds: their kernels
-//! (run_short_rows<ConvertIndexArgs, true>) are in topk_to_slots_pow2.cu, a translation
+//! topk_to_slots_cuda's one-kernel launches where convert_pow2 holds: their kernels
+//! (run_selection<ConvertIndexArgs, true>) are in topk_to_slots_pow2.cu, a translation
 //! unit of their own.
 void topk_to_slots_pow2_cuda(const TopkSlotsArgs& a, const Place& place);
 

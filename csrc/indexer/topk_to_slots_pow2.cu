@@ -1,4 +1,4 @@
-// topk_to_slots' short rows where convert_pow2 holds (convert_index.h): the short-row
+// topk_to_slots' one-kernel launches where convert_pow2 holds (convert_index.h): the
 // kernels whose slot conversion takes shifts and masks, in a translation unit of their own
 // (topk_to_slots.cu has the others).
 #include "topk_per_row_kernel.cuh"
@@ -6,7 +6,7 @@
 namespace dsa {
 
 void topk_to_slots_pow2_cuda(const TopkSlotsArgs& a, const Place& place) {
-  run_short_rows<ConvertIndexArgs, true>(a.topk, a.convert, place);
+  run_selection<ConvertIndexArgs, true>(a.topk, a.convert, place);
 }
 
 }  // namespace dsa

@@ -170,8 +170,10 @@ def topk_to_slots(
                                           block_stride=block_stride, compact=compact)
 
     with no ids buffer: on CUDA, rows of at most 8192 columns convert each selected id as
-    it is written (one kernel); longer rows write the ids into ``out`` and convert them
-    there (two launches; docs/ops.md sections 2 and 9). The ids are in
+    it is written (one kernel), and so do plain slots (no ``compact``, no valid counts) of
+    launches whose rows take clusters of at most 2 CTAs and fit the chip at one CTA per SM;
+    other rows write the ids into ``out`` and convert them there (two launches;
+    docs/ops.md sections 2 and 9). The ids are in
     ``topk_per_row``'s default order (ascending column); ``compact`` moves the valid
     slots to the front in that order and ``valid_counts`` counts the slots that are valid
     after the conversion.
