@@ -19,6 +19,13 @@ settings.load_profile(os.environ.get("DSA_EXT_HYPOTHESIS_PROFILE", "dsa"))
 
 HAS_CUDA = torch.cuda.is_available()
 
+# Under pytest-xdist every worker's torch would run a CPU thread per core: the workers then
+# contend for the cores in the CPU references (on the 16-core GPU machine at 8 workers, one
+# short-row sink test took 213 s). Each worker takes its share of the cores instead.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // _WORKERS))
+
 
 def cuda_sms() -> int:
     """SMs of the current CUDA device (the top-K launcher picks variants by rows per SM)."""

@@ -380,14 +380,6 @@ def short_rows(rows, L, tied, seed):
     return g, x, lengths
 
 
-def slots_in_place(x, k, req_id, table, block_size, kw, **ctx):
-    """topk_to_slots on CUDA with no compaction and no valid counts, against the reference."""
-    want, _ = reference.topk_to_slots(x, k, req_id, table, block_size, **kw)
-    got = dsa_ext.topk_to_slots(x.cuda(), k, req_id.cuda(), table.cuda(), block_size,
-                                **{n: v.cuda() for n, v in kw.items()})
-    assert_equal(got, want, k=k, counts=False, **ctx)
-
-
 @pytest.mark.cuda
 @pytest.mark.parametrize("L", [100, 2048, 4097, 8192])
 def test_short_row_kernel_sinks_equal_the_cpu(L):
@@ -404,15 +396,22 @@ def test_short_row_kernel_sinks_equal_the_cpu(L):
     table[torch.rand(table.shape, generator=g) < 0.15] = -1
     req = torch.randint(-1, 6, (rows,), generator=g, dtype=I32)
     starts = torch.randint(-3, L, (rows,), generator=g, dtype=I32)
+    xb = x.to(torch.bfloat16)
     for k in (7, 512, 2048):
+        # The reference selections, once each: every conversion and plan below reuses them.
+        ids = {(xs is xb, n): reference.topk_per_row(xs, k, **kw)
+               for xs in (x, xb) for n, kw in enumerate(({}, {"lengths": lengths}))}
+        ids_window = reference.topk_per_row(x, k, row_starts=starts, row_ends=lengths)
         for plan in (-1, 1):
             with forced_topk_plan(plan):
-                for kw in ({}, {"lengths": lengths}):
-                    for xs, compact in ((x, False), (x, True), (x.to(torch.bfloat16), True)):
-                        slots_both(cuda, xs, k, req, table, 12, compact=compact, **kw)
-                    slots_in_place(x, k, req, table, 12, kw, L=L, plan=plan)
-                candidates_both(cuda, x, k, 1, 4, 2)
-                candidates_both(cuda, x, k, 3, 4, 1, row_starts=starts, row_ends=lengths)
+                for n, kw in enumerate(({}, {"lengths": lengths})):
+                    for xs, compact, counts in ((x, False, True), (x, False, False),
+                                                (x, True, True), (xb, True, True)):
+                        slots_both(cuda, xs, k, req, table, 12, counts=counts, compact=compact,
+                                   ids=ids[xs is xb, n], **kw)
+                candidates_both(cuda, x, k, 1, 4, 2, ids=ids[False, 0])
+                candidates_both(cuda, x, k, 3, 4, 1, ids=ids_window, row_starts=starts,
+                                row_ends=lengths)
 
 
 @pytest.mark.cuda
@@ -435,11 +434,12 @@ def test_short_row_slots_power_of_two_blocks(L):
     req[:8] = 0
     for k in (7, 2048, 3000, 5000, 8192):
         for kw in ({}, {"lengths": lengths}):
+            ids = reference.topk_per_row(x, k, **kw)  # once for the conversions below
             for compact in (False, True):
                 for stride in (64, 3 * 64):
                     slots_both(cuda, x, k, req, table, 64, compact=compact, block_stride=stride,
-                               **kw)
-            slots_in_place(x, k, req, table, 64, kw, L=L)
+                               ids=ids, **kw)
+            slots_both(cuda, x, k, req, table, 64, counts=False, ids=ids, **kw)
 
 
 PLANS = [1, 2, 3, 5, 6, 8, 16, 101, 104, 108]
@@ -611,10 +611,17 @@ def test_streamed_capture_multi_segment_bf16():
 # ---------------------------------------------------------------------------------------
 
 
-def slots_both(device, x, k, req_id, table, block_size, counts=True, **kw):
+def slots_both(device, x, k, req_id, table, block_size, counts=True, ids=None, **kw):
     """topk_to_slots on `device` equals the reference; with `counts`, its valid counts too
-    (without them neither kernel counts the valid slots: other paths)."""
-    want, want_counts = reference.topk_to_slots(x, k, req_id, table, block_size, **kw)
+    (without them neither kernel counts the valid slots: other paths). `ids`: the reference
+    selection of these rows and bounds (reference.topk_per_row), for callers that check
+    several conversions of one selection (the reference's sort is the slow part)."""
+    if ids is None:
+        want, want_counts = reference.topk_to_slots(x, k, req_id, table, block_size, **kw)
+    else:  # reference.topk_to_slots, its selection given
+        want, want_counts = reference.convert_req_index_to_global_index(
+            req_id, table, ids, block_size, block_stride=kw.get("block_stride"),
+            compact=kw.get("compact", False))
     dev = {n: v.to(device) if isinstance(v, torch.Tensor) else v for n, v in kw.items()}
     result = dsa_ext.topk_to_slots(x.to(device), k, req_id.to(device), table.to(device),
                                    block_size, return_valid_counts=counts, **dev)
@@ -764,8 +771,13 @@ def test_slots_bad_input_names_the_argument():
 # ---------------------------------------------------------------------------------------
 
 
-def candidates_both(device, x, k, rank, world, interleave, **kw):
-    want = reference.topk_to_candidates(x, k, rank, world, interleave, **kw)
+def candidates_both(device, x, k, rank, world, interleave, ids=None, **kw):
+    """topk_to_candidates on `device` equals the reference; `ids` as in slots_both."""
+    if ids is None:
+        want = reference.topk_to_candidates(x, k, rank, world, interleave, **kw)
+    else:  # reference.topk_to_candidates, its selection given
+        want = reference.pack_dcp_topk_candidates(x, ids, rank, world, interleave,
+                                                  kw.get("row_starts"))
     dev = {n: v.to(device) if isinstance(v, torch.Tensor) else v for n, v in kw.items()}
     got = dsa_ext.topk_to_candidates(x.to(device), k, rank, world, interleave, **dev)
     assert_equal(got, want, k=k, shape=tuple(x.shape), rank=rank, world=world)
