@@ -5,7 +5,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import dsa_ext
-from dsa_ext import reference
+from dsa_ext import c128a, reference
 from conftest import assert_equal
 
 I32, I64 = torch.int32, torch.int64
@@ -312,7 +312,7 @@ def good_args():
                 prefill_buffer=torch.empty(2, 256, dtype=I32), width=128)
 
 
-@pytest.mark.parametrize("change, error, text", [
+BAD_INPUT = [
     (dict(positions=torch.tensor([255, 511], dtype=I32)), TypeError,
      "positions must be int64, got torch.int32"),
     (dict(slot_mapping=torch.tensor([0, 1], dtype=I32)), TypeError,
@@ -338,12 +338,27 @@ def good_args():
      "prefill_buffer %s" % EXPANDED),
     (dict(decode_lens_buffer=torch.empty(1, dtype=I32).expand(2)), ValueError,
      "decode_lens_buffer %s" % EXPANDED),
-])
+    (dict(prefill_buffer=torch.empty(2, 64, dtype=I32)), ValueError,
+     "width (128) must be <= the capacity of prefill_buffer (64 columns)"),
+    (dict(num_decode_tokens=True), TypeError, "num_decode_tokens must be an int, got bool"),
+    (dict(positions=torch.tensor(255)), ValueError, "positions must be 1-D, got shape ()"),
+]
+
+
+@pytest.mark.parametrize("change, error, text", BAD_INPUT)
 def test_bad_input_names_the_argument(change, error, text):
     kw = {**good_args(), **change}
     with pytest.raises(error) as info:
         dsa_ext.build_c128a_topk_metadata(**kw)
     assert text in str(info.value)
+
+
+@pytest.mark.parametrize("change, error, text", BAD_INPUT)
+def test_common_case_check_passes_no_bad_input(change, error, text):
+    """The one-expression check of a serving loop's arguments takes the good ones (the full
+    checks are skipped for them) and none of the bad ones (each reaches the full checks)."""
+    assert c128a._valid_common_case(**good_args())
+    assert not c128a._valid_common_case(**{**good_args(), **change})
 
 
 # ---------------------------------------------------------------------------------------
