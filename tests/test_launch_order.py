@@ -66,7 +66,8 @@ def _check_chain(mode, rows):
 @pytest.mark.cuda
 def test_self_check_with_programmatic_launch_off():
     # DSA_EXT_PDL=0 (read once per process) launches every kernel in plain stream order.
-    env = {**os.environ, "DSA_EXT_PDL": "0"}
+    # The child's CPU references take this worker's share of the cores (conftest).
+    env = {**os.environ, "DSA_EXT_PDL": "0", "OMP_NUM_THREADS": str(torch.get_num_threads())}
     code = ("import sys, dsa_ext, dsa_ext.__main__ as m;"
             "assert not dsa_ext._C.programmatic_launch_enabled(); sys.exit(m.main())")
     run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
