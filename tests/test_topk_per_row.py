@@ -689,9 +689,10 @@ def test_slots_every_plan_matches_reference(plan, case, counts):
 @pytest.mark.parametrize("compact", [False, True])
 def test_slots_past_the_stage_keep_column_order(plan, L, k, compact):
     """More selected ids per CTA than the ids kernel stages (kStagedSlots: it writes them
-    from its bitmaps), with one bitmap segment per slice (plan 1) and several (150K- and
-    300K-column slices): in place and compacted slots in column order, and the valid
-    counts."""
+    from its bitmaps; without counts these plans take the cluster kernel's plain slot sink,
+    which stages and converts them a chunk at a time), with one bitmap segment per slice
+    (plan 1) and several (150K- and 300K-column slices): in place and compacted slots in
+    column order, and the valid counts."""
     g = torch.Generator().manual_seed(L + k)
     x = torch.randn(2, L, generator=g)
     x[1] = torch.randint(0, 16, (L,), generator=g).float()
