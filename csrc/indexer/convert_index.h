@@ -226,7 +226,8 @@ DSA_HD void decode_slots(const ConvertIndexArgs& a, const ConvertRow& row, int32
  * and converted by a copy of the loop that knows it, without a branch per token:
  * decode_slots when kPow2 (convert_pow2), world 1 or not; token_slot<false, true> at world
  * 1 otherwise. It costs code and, for some callers, registers (the per-row top-K's cluster
- * kernel takes it only where convert_pow2 holds). kExact: as decode_slots (the other paths are always exact).
+ * kernel takes it only where convert_pow2 holds). kExact: as decode_slots (the other paths
+ * are always exact).
  * kSharedTable: as decode_slots, for decode rows (a workspace row reads no table). The CPU
  * loop calls this with the kernels' template arguments but kSharedTable, which is the
  * device's alone (the staged gathers are the same arithmetic on a copy of the table).

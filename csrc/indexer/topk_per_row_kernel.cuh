@@ -1368,7 +1368,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
   const int64_t fill_step = static_cast<int64_t>(cluster) * kThreads;
   const int64_t fill_first = rank * kThreads + threadIdx.x;
   // Staged (at most kStagedSlots ids): the ids go to shared memory in output order, so that
-  // the writes are coalesced.
+  // the writes are coalesced (and the plain slot sink's gathers batched).
   const bool staged = count <= kStagedSlots;
   if (staged && !stage_while_counting) {
     for_each_selected([&](int64_t pos, int32_t id) { stage[pos - first] = id; });

@@ -52,14 +52,21 @@ def output(name: str, t: Optional[torch.Tensor], dtype: torch.dtype, size: Seque
     return t
 
 
+def plain_buffer(t, dtype: torch.dtype, ndim: int, device: torch.device, rows: int) -> bool:
+    """Whether `t` is buffer()'s common case, in one expression (these checks run on every
+    batch): a plain contiguous tensor of that dtype, rank and device with at least `rows`
+    entries along dim 0. False says nothing of what is wrong: buffer() says it."""
+    return (type(t) is torch.Tensor and t.dtype is dtype and t.dim() == ndim and
+            t.shape[0] >= rows and t.device == device and t.is_contiguous())
+
+
 def buffer(name: str, t, dtype: torch.dtype, ndim: int, device: torch.device,
            rows: int) -> torch.Tensor:
     """A caller's output buffer of which an op writes the first `rows` rows: checked like
     tensor(), with at least `rows` entries along dim 0 and each element its own memory
     (writable)."""
-    if type(t) is torch.Tensor and t.dtype is dtype and t.dim() == ndim and \
-            t.shape[0] >= rows and t.device == device and t.is_contiguous():
-        return t  # the common case in one expression (these checks run on every batch)
+    if plain_buffer(t, dtype, ndim, device, rows):
+        return t
     tensor(name, t, dtype, ndim, device)
     dim_at_least(name, t, 0, rows)
     writable(name, t)

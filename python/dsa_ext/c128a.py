@@ -186,16 +186,11 @@ def _valid_common_case(positions, compress_ratio, num_decode_tokens, token_to_re
             and type(slot_mapping) is Tensor and slot_mapping.dtype is _I64
             and slot_mapping.dim() == 1 and slot_mapping.device == device
             and slot_mapping.shape[0] >= Td
-            and _common_buffer(decode_buffer, 2, device, Td, width)
-            and _common_buffer(prefill_buffer, 2, device, T - Td, width)
-            and _common_buffer(decode_lens_buffer, 1, device, Td, 0))
-
-
-def _common_buffer(t, ndim, device, rows, width) -> bool:
-    """A contiguous int32 buffer of at least `rows` rows (and `width` columns) on `device`."""
-    return (type(t) is Tensor and t.dtype is _I32 and t.dim() == ndim and t.device == device
-            and t.is_contiguous() and t.shape[0] >= rows
-            and (ndim == 1 or t.shape[1] >= width))
+            and _checks.plain_buffer(decode_buffer, _I32, 2, device, Td)
+            and decode_buffer.shape[1] >= width
+            and _checks.plain_buffer(prefill_buffer, _I32, 2, device, T - Td)
+            and prefill_buffer.shape[1] >= width
+            and _checks.plain_buffer(decode_lens_buffer, _I32, 1, device, Td))
 
 
 def _validate(positions, compress_ratio, num_decode_tokens, token_to_req, block_table,
