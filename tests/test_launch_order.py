@@ -147,3 +147,64 @@ def test_first_call_of_each_op_inside_a_capture():
     run = subprocess.run([sys.executable, "-c", _FIRST_CALL_IN_CAPTURE], capture_output=True,
                          text=True, timeout=300)
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stdout + run.stderr
+
+
+def _table_chain(x, compact):
+    """Per step: a conversion writes the block table (its slots are the next steps' block
+    ids), then topk_to_slots and the index conversion read that table."""
+    outs = []
+    for s in range(len(x["logits"])):
+        dsa_ext.convert_req_index_to_global_index(x["table_req"], x["base_table"],
+                                                  x["table_ids"][s], 16, out=x["table"])
+        slots = dsa_ext.topk_to_slots(x["logits"][s], K, x["req"], x["table"], 64,
+                                      compact=compact, out=x["slots"][s])
+        converted = dsa_ext.convert_req_index_to_global_index(
+            x["req"], x["table"], x["ids"][s], 64, compact=compact, out=x["converted"][s])
+        outs += [slots, converted]
+    return outs
+
+
+def _table_inputs(rows, cols, device, steps=3):
+    g = torch.Generator().manual_seed(11)
+    R, NB = 4, cols // 64
+    x = dict(
+        logits=[torch.randn(rows, cols, generator=g) for _ in range(steps)],
+        ids=[torch.randint(-8, cols, (rows, K), generator=g, dtype=torch.int32)
+             for _ in range(steps)],
+        req=torch.randint(0, R, (rows,), generator=g, dtype=torch.int32),
+        table_req=torch.arange(R, dtype=torch.int32),
+        base_table=torch.randint(0, 50, (R, NB // 16 + 1), generator=g, dtype=torch.int32),
+        table_ids=[torch.randint(-1, NB, (R, NB), generator=g, dtype=torch.int32)
+                   for _ in range(steps)])
+    x = {k: [t.to(device) for t in v] if isinstance(v, list) else v.to(device)
+         for k, v in x.items()}
+    i32 = dict(dtype=torch.int32, device=device)
+    x.update(table=torch.empty(R, NB, **i32),
+             slots=[torch.empty(rows, K, **i32) for _ in range(steps)],
+             converted=[torch.empty(rows, K, **i32) for _ in range(steps)])
+    return x
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("mode", ["eager", "graph"])
+@pytest.mark.parametrize("compact", [False, True])
+def test_slots_read_the_table_the_kernel_before_wrote(mode, compact):
+    # topk_to_slots' conversion (the second launch here) reads its rows' requests and
+    # tables before it waits for the ids kernel, which writes neither: what the kernel
+    # before the ids kernel wrote must be final by then. The index conversion on its own
+    # must wait before reading the table its predecessor writes.
+    rows, cols = 16, 32768
+    cluster = dsa_ext._C.topk_per_row_plan(rows, cols, torch.cuda.current_device())[0]
+    assert compact or cluster > 2 or rows * cluster > cuda_sms(), "not the two-launch path"
+    want = _table_chain(_table_inputs(rows, cols, "cpu"), compact)
+    x = _table_inputs(rows, cols, "cuda")
+    if mode == "eager":
+        got = _table_chain(x, compact)
+    else:
+        graph = capture_graph(lambda: _table_chain(x, compact))  # runs it twice first
+        for t in x["slots"] + x["converted"]:
+            t.fill_(-7)
+        graph.replay()
+        got = [t for pair in zip(x["slots"], x["converted"]) for t in pair]
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert_equal(g, w, mode=mode, compact=compact, step=i // 2, op=("slots", "convert")[i % 2])

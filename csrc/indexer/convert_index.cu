@@ -328,14 +328,23 @@ __device__ __forceinline__ void convert_split(const ConvertIndexArgs& a, const F
   __shared__ uint32_t part_count[kMaxParts];  // the other parts' counts, pushed
   __shared__ uint64_t counts_landed;
   const int parts = static_cast<int>(by_parts.d);
+  const uint32_t t = by_parts.div(blockIdx.x);  // the grid has < 2^31 CTAs
+  const int part = static_cast<int>(blockIdx.x - t * by_parts.d);
+  // The row's request and table: before the wait where the kernel before writes neither
+  // (rows_before_wait), so that after it only the token ids' load is on the critical path;
+  // else after the tile's loads are issued, which they overlap.
+  ConvertRow row;
+  const bool row_first = a.rows_before_wait;
+  if (row_first) {
+    row = convert_row(a, t);
+    if constexpr (kStaged) stage_table_row<kThreads>(row, staged_table);
+  }
   await_previous_kernel();
   if (kCluster && parts > 1) {
     if (threadIdx.x == 0) push_barrier_init(&counts_landed, 4u * (parts - 1));
     push_arrive();
   }
 
-  const uint32_t t = by_parts.div(blockIdx.x);  // the grid has < 2^31 CTAs
-  const int part = static_cast<int>(blockIdx.x - t * by_parts.d);
   // A split row has at most kMaxParts tiles of at most 8 * kThreads columns (convert_plan):
   // its column indices are 32-bit. Row offsets (t * row_stride) stay 64-bit.
   const int32_t K = static_cast<int32_t>(a.token_indices.cols);
@@ -347,11 +356,13 @@ __device__ __forceinline__ void convert_split(const ConvertIndexArgs& a, const F
   int32_t* out_tile = out + (kDense ? first : first * out_stride);
 
   Tile<kThreads, kItems> tile;
-  // Every load before the row lookup.
+  // The tile's loads, issued before a row lookup made after the wait.
   load_tile<kThreads, kItems, kDense>(
       a.token_indices.row(t) + (kDense ? first : first * in_stride), live, in_stride, tile);
-  ConvertRow row = convert_row(a, t);
-  if constexpr (kStaged) stage_table_row<kThreads>(row, staged_table);
+  if (!row_first) {
+    row = convert_row(a, t);
+    if constexpr (kStaged) stage_table_row<kThreads>(row, staged_table);
+  }
   convert_loaded<kThreads, kItems, kDense, kPow2, !kCompact, kStaged>(a, row, tile);
   if constexpr (!kCluster) {
     store_in_place<kThreads, kItems, kDense>(tile, live, out_tile, out_stride);

@@ -38,6 +38,10 @@ struct ConvertIndexArgs {
   DcpLayout dcp;
   int32_t rank = 0;
   bool compact = false;
+  //! The kernel before this conversion writes none of the tensors convert_row reads (only
+  //! the token ids): the split kernels read their row's request and stage its table before
+  //! waiting for it (convert_ids_in_place, where that kernel is the selection).
+  bool rows_before_wait = false;
 };
 
 /*!

@@ -150,6 +150,9 @@ struct TopkSlotsArgs {
 inline ConvertIndexArgs convert_ids_in_place(const TopkSlotsArgs& a) {
   ConvertIndexArgs convert = a.convert;
   convert.token_indices = a.topk.out;
+  // The ids kernel writes only topk.out, and it lets the conversion start only once the
+  // kernel before it has finished: the request ids and the table are final by then.
+  convert.rows_before_wait = true;
   return convert;
 }
 
