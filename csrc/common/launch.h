@@ -134,7 +134,9 @@ inline bool programmatic_launch_enabled() {
  * \brief First statement of every kernel: waits for the previous kernel in the stream
  *        (and for the visibility of its writes), then lets the next one start launching.
  *        Only work on the CTA's own shared memory may come before it (the per-row top-K's
- *        resident CTAs clear their histograms there, overlapping the previous kernel's tail).
+ *        resident CTAs clear their histograms there, overlapping the previous kernel's tail),
+ *        and reads of what the previous kernel does not write, where the launcher knows that
+ *        (the index conversion after the ids kernel: ConvertIndexArgs::rows_before_wait).
  *
  * The next kernel's blocks can only launch once every block of this grid has passed this
  * point, so they never take the place of a block of this grid that has yet to start.
