@@ -32,8 +32,8 @@ if [ -d "$REPO/cute_dsl_aot/out" ] && [ -z "${DSA_EXT_CUBIN_DIR:-}" ]; then
 fi
 PY=python3
 # Spread the test suite over workers when pytest-xdist is there: half the cores, at most 8
-# (on the H200 machine's 16 cores the 718 CUDA tests alone ran past 264 s at 4 workers;
-# 8 finished 625 of them in 217 s, RESULTS.md twenty-seventh session).
+# (on the H100 machine's 16 cores, 8 workers ran the 728 CUDA tests in 35 s, each worker's
+# CPU references on its share of the cores: RESULTS.md, thirty-third session).
 XDIST=""
 WORKERS=$(( $(nproc) / 2 < 8 ? $(nproc) / 2 : 8 ))
 $PY -c "import xdist" 2>/dev/null && [ "$WORKERS" -ge 2 ] && XDIST="-n $WORKERS"
