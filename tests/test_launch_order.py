@@ -150,8 +150,8 @@ def test_first_call_of_each_op_inside_a_capture():
 
 
 def _table_chain(x, compact):
-    """Per step: a conversion writes the block table (its slots are the next steps' block
-    ids), then topk_to_slots and the index conversion read that table."""
+    """Per step: a conversion writes the block table (its slots are the step's block ids),
+    then topk_to_slots and the index conversion read that table."""
     outs = []
     for s in range(len(x["logits"])):
         dsa_ext.convert_req_index_to_global_index(x["table_req"], x["base_table"],

@@ -334,11 +334,12 @@ __device__ __forceinline__ void convert_split(const ConvertIndexArgs& a, const F
   // (rows_before_wait), so that after it only the token ids' load is on the critical path;
   // else after the tile's loads are issued, which they overlap.
   ConvertRow row;
-  const bool row_first = a.rows_before_wait;
-  if (row_first) {
+  auto look_up_row = [&] {
     row = convert_row(a, t);
     if constexpr (kStaged) stage_table_row<kThreads>(row, staged_table);
-  }
+  };
+  const bool row_first = a.rows_before_wait;
+  if (row_first) look_up_row();
   await_previous_kernel();
   if (kCluster && parts > 1) {
     if (threadIdx.x == 0) push_barrier_init(&counts_landed, 4u * (parts - 1));
@@ -359,10 +360,7 @@ __device__ __forceinline__ void convert_split(const ConvertIndexArgs& a, const F
   // The tile's loads, issued before a row lookup made after the wait.
   load_tile<kThreads, kItems, kDense>(
       a.token_indices.row(t) + (kDense ? first : first * in_stride), live, in_stride, tile);
-  if (!row_first) {
-    row = convert_row(a, t);
-    if constexpr (kStaged) stage_table_row<kThreads>(row, staged_table);
-  }
+  if (!row_first) look_up_row();
   convert_loaded<kThreads, kItems, kDense, kPow2, !kCompact, kStaged>(a, row, tile);
   if constexpr (!kCluster) {
     store_in_place<kThreads, kItems, kDense>(tile, live, out_tile, out_stride);
