@@ -52,6 +52,7 @@ PYBIND11_MODULE(_C, m) {
   // How the per-row top-K kernel covers a shape (tests, diagnostics), and a test override.
   m.def("topk_per_row_plan", &dsa::topk_per_row_plan);
   m.def("set_topk_plan_override", &dsa::set_topk_plan_override);
+  m.def("topk_whole_sm_clusters", &dsa::whole_sm_clusters);
   // docs/ops.md section 1: rank-local lengths (one rank, or one column per rank).
   m.def("dcp_local_seq_lens", &dsa::dcp_local_seq_lens, py::arg("seq_lens"),
         py::arg("rank"), py::arg("world_size"), py::arg("interleave"), py::arg("out"),

@@ -13,7 +13,8 @@ std::atomic<int> g_plan_override{-1};  // set_topk_plan_override's code (-1: non
 
 }  // namespace
 
-TopkPlan topk_plan(int64_t rows, int64_t cols, int64_t sms) {
+TopkPlan topk_plan(int64_t rows, int64_t cols, int64_t device) {
+  const int64_t sms = sm_count(device);
   TopkPlan plan;
   const int forced = g_plan_override.load(std::memory_order_relaxed);
   if (forced > 0) {
@@ -39,6 +40,18 @@ TopkPlan topk_plan(int64_t rows, int64_t cols, int64_t sms) {
   if (c < 1) c = 1;
   if (c > kMaxPlanCluster) c = kMaxPlanCluster;
   plan.resident = (cols + c - 1) / c <= kSliceOneCta && rows * c <= sms;
+  // A GPC holds whole clusters, so rows * c <= sms does not mean that the rows' clusters
+  // run at once at one CTA per SM (the build with the whole SM's registers, launch()):
+  // then fewer CTAs a row, the most whose clusters do (their slices still resident). H100
+  // (clusters of 8 / 7 / 6 / 5 that fit: 15 / 15 / 17 / 22), graph us, one call, before ->
+  // after: 16 x 128K 19.15 -> 17.40 (6 CTAs), 18 x 128K 21.94 -> 18.38 (5), 16 x 32K
+  // 13.15 -> 12.49, 18 x 64K 16.22 -> 14.08; 8-15 rows keep 8.
+  if (plan.resident) {
+    while (c > needed && rows > whole_sm_clusters(device, static_cast<int>(c)) &&
+           (cols + c - 2) / (c - 1) <= kSliceOneCta) {
+      --c;
+    }
+  }
   if (!plan.resident) {
     // Streamed, each wave of CTAs pays the selection's serial tail with its loads idle:
     // slices up to kPlanLongSlice columns where the waves they save outweigh their length.
@@ -68,8 +81,29 @@ void set_topk_plan_override(int64_t code) {
 
 std::array<int64_t, 4> topk_per_row_plan(int64_t rows, int64_t cols, int64_t device) {
   DeviceGuard guard(device);
-  const TopkPlan plan = topk_plan(rows, cols, sm_count(device));
+  const TopkPlan plan = topk_plan(rows, cols, device);
   return {plan.cluster, plan.slice, plan.resident ? 1 : 0, plan.short_rows ? 1 : 0};
+}
+
+int whole_sm_clusters(int64_t device, int cluster) {
+  // Any build of one CTA per SM (registers for the whole SM, the largest shared memory)
+  // fits as many clusters as another: this one asks for all of them.
+  auto* kernel = topk_per_row_kernel<uint32_t, true, IdsSink, 1>;
+  static std::atomic<int> fitting[64][kMaxCluster + 1] = {};  // 0: not yet asked
+  const bool cached = device >= 0 && device < 64 && cluster >= 1 && cluster <= kMaxCluster;
+  int fit = cached ? fitting[device][cluster].load(std::memory_order_relaxed) : 0;
+  if (fit != 0) return fit;
+  DeviceGuard guard(device);
+  const ScopedRelaxedCapture setup_may_run_inside_a_capture;
+  throw_on_cuda_error(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxDynamicSmem),
+      "topk_per_row shared memory attribute");
+  throw_on_cuda_error(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1),
+                      "topk_per_row cluster attribute");
+  fit = max_active_clusters(kernel, kThreads, cluster, kMaxDynamicSmem);
+  if (fit <= 0) fit = -1;
+  if (cached) fitting[device][cluster].store(fit, std::memory_order_relaxed);
+  return fit;
 }
 
 void topk_per_row_cuda(const TopkPerRowArgs& a, const Place& place) {

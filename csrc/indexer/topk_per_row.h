@@ -108,9 +108,14 @@ struct TopkPlan {
   bool short_rows = false;
 };
 
-//! The plan for `rows` rows of at most `cols` columns on a device of `sms` multiprocessors
-//! (keys take 4 bytes of shared memory whatever the score type).
-TopkPlan topk_plan(int64_t rows, int64_t cols, int64_t sms);
+//! The plan for `rows` rows of at most `cols` columns on CUDA device `device` (keys take 4
+//! bytes of shared memory whatever the score type).
+TopkPlan topk_plan(int64_t rows, int64_t cols, int64_t device);
+
+//! Clusters of `cluster` CTAs, one per SM, that CUDA device `device` runs at once (a GPC
+//! holds whole clusters: can be below the SM count / cluster); -1 where none. Asked once
+//! per device and size.
+int whole_sm_clusters(int64_t device, int cluster);
 
 //! Whether the short-row kernel runs these arguments under `plan` (sorted ids take the
 //! cluster kernel's rewrite).

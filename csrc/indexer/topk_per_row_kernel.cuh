@@ -1742,9 +1742,10 @@ void launch(const TopkPerRowArgs& a, const Sink& sink, const TopkPlan& plan, con
   // SM: the walks no longer spill. H200, beside the 64-register build in the same call:
   // 1 x 32K 9.07 -> 8.8 us, 64 x 32K 14.3 -> 13.6-14.0, 1 x 128K 13.3 -> 12.7-12.9,
   // 128 x 64K 23.3 -> 22.6-22.8. Checked with
-  // cudaOccupancyMaxActiveClusters, as a GPC holds whole clusters: run without that check,
-  // 16 clusters of 8 took a second wave (16 x 128K 17.2 -> 21.6 us), where the 64-register
-  // build runs two CTAs on some SMs.
+  // cudaOccupancyMaxActiveClusters (whole_sm_clusters), as a GPC holds whole clusters: run
+  // without that check, 16 clusters of 8 took a second wave (H200, 16 x 128K 17.2 -> 21.6
+  // us), where the 64-register build runs two CTAs on some SMs (topk_plan now picks fewer
+  // CTAs a row there).
   auto* whole_sm = topk_per_row_kernel<Bits, kResident, Sink, 1, kPow2>;
   // Per device: the attributes are set once (a launch on another device needs them too).
   static std::atomic<uint64_t> configured{0};
@@ -1761,21 +1762,7 @@ void launch(const TopkPerRowArgs& a, const Sink& sink, const TopkPlan& plan, con
     }
     configured.fetch_or(bit, std::memory_order_relaxed);
   }
-  {
-    // Clusters of plan.cluster CTAs of whole_sm that the device runs at once, per device
-    // and cluster size (0: not yet asked). Asked with the largest shared memory a launch
-    // takes: at these registers an SM holds one CTA whatever the slice.
-    static std::atomic<int> fitting[64][kMaxCluster + 1] = {};
-    const bool cached = place.device >= 0 && place.device < 64;
-    int fit = cached ? fitting[place.device][plan.cluster].load(std::memory_order_relaxed) : 0;
-    if (fit == 0) {
-      const ScopedRelaxedCapture setup_may_run_inside_a_capture;
-      fit = max_active_clusters(whole_sm, kThreads, plan.cluster, kMaxDynamicSmem);
-      if (fit <= 0) fit = -1;
-      if (cached) fitting[place.device][plan.cluster].store(fit, std::memory_order_relaxed);
-    }
-    if (a.rows <= fit) kernel = whole_sm;
-  }
+  if (a.rows <= whole_sm_clusters(place.device, plan.cluster)) kernel = whole_sm;
   size_t smem = static_cast<size_t>(dynamic_smem_bytes(plan.slice, kResident));
   if (a.sorted) {
     const int64_t taken = a.k < a.cols ? a.k : a.cols;
@@ -1833,7 +1820,7 @@ template <typename Sink, bool kPow2 = false>
 void run_selection(const TopkPerRowArgs& a, const Sink& sink, const Place& place) {
   if (a.rows == 0) return;
   DeviceGuard guard(place.device);
-  const TopkPlan plan = topk_plan(a.rows, a.cols, sm_count(place.device));
+  const TopkPlan plan = topk_plan(a.rows, a.cols, place.device);
   if (short_row_kernel_serves(a, plan)) return run_short_rows<Sink, kPow2>(a, sink, place);
   if constexpr (takes_bf16<Sink>()) {
     if (a.bf16) {

@@ -10,7 +10,7 @@ void topk_to_slots_cuda(const TopkSlotsArgs& a, const Place& place) {
   if (a.topk.rows == 0) return;
   DeviceGuard guard(place.device);
   const int64_t sms = sm_count(place.device);
-  const TopkPlan plan = topk_plan(a.topk.rows, a.topk.cols, sms);
+  const TopkPlan plan = topk_plan(a.topk.rows, a.topk.cols, place.device);
   const bool counted = a.convert.compact || a.convert.valid_counts.present();
   // One kernel: short rows; and plain slots on launches of one CTA per SM in clusters of
   // 1-2, where converting in the selection's tail costs less than a second launch.
