@@ -332,14 +332,14 @@ def test_plans_by_shape():
     assert plan(64, 32768) == (2, 16384, 1, 0)
     assert plan(256, 32768) == (1, 32768, 0, 0)  # past one wave: streamed
     # 16 rows of 128K: the most CTAs a row (at most 8) whose 16 clusters run at once at one
-    # CTA per SM; a GPC holds whole clusters, so how many fit depends on the chip (H100 /
-    # H100 in the thirty-fourth session: 15 clusters of 8, 17 of 6).
+    # CTA per SM; a GPC holds whole clusters, so how many fit depends on the chip (the
+    # thirty-fourth session's H100s: 15 clusters of 8, 17 of 6).
     cluster, slice_, resident, short = plan(16, 131072)
     fits = lambda c: _C.topk_whole_sm_clusters(0, c)  # noqa: E731
     assert (slice_, resident, short) == ((131072 + cluster - 1) // cluster, 1, 0)
     assert 16 <= fits(cluster) or cluster == 3  # 3: the fewest whose slices stay resident
     assert cluster == 8 or fits(cluster + 1) < 16
-    assert plan(8, 131072) == (8, 16384, 1, 0)  # 8 clusters of 8 fit every Hopper part
+    assert plan(8, 131072) == (8, 16384, 1, 0) or fits(8) < 8  # (15 of 8 fit an H100)
     assert plan(64, 131072) == (2, 65536, 0, 0)  # past one CTA's shared memory: streamed
     assert plan(128, 131072) == (2, 65536, 0, 0)  # one wave of two CTAs per row
     assert plan(256, 131072) == (1, 131072, 0, 0)  # one wave of one, not two of two
