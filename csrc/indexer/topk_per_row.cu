@@ -94,12 +94,8 @@ int whole_sm_clusters(int64_t device, int cluster) {
   int fit = cached ? fitting[device][cluster].load(std::memory_order_relaxed) : 0;
   if (fit != 0) return fit;
   DeviceGuard guard(device);
+  allow_largest_launch(kernel);
   const ScopedRelaxedCapture setup_may_run_inside_a_capture;
-  throw_on_cuda_error(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxDynamicSmem),
-      "topk_per_row shared memory attribute");
-  throw_on_cuda_error(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1),
-                      "topk_per_row cluster attribute");
   fit = max_active_clusters(kernel, kThreads, cluster, kMaxDynamicSmem);
   if (fit <= 0) fit = -1;
   if (cached) fitting[device][cluster].store(fit, std::memory_order_relaxed);

@@ -1734,6 +1734,18 @@ __global__ void __launch_bounds__(kBlock, kShortBlockThreads / kBlock)  // 64 re
   }
 }
 
+//! Lets a cluster kernel of this file take the largest shared memory a launch asks for and
+//! clusters past the portable 8 (on the current device; inside a capture too).
+template <typename Kernel>
+void allow_largest_launch(Kernel* kernel) {
+  const ScopedRelaxedCapture setup_may_run_inside_a_capture;
+  throw_on_cuda_error(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxDynamicSmem),
+      "topk_per_row shared memory attribute");
+  throw_on_cuda_error(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1),
+                      "topk_per_row cluster attribute");
+}
+
 template <typename Bits, bool kResident, typename Sink, bool kPow2 = false>
 void launch(const TopkPerRowArgs& a, const Sink& sink, const TopkPlan& plan, const Place& place) {
   auto* kernel = topk_per_row_kernel<Bits, kResident, Sink, 1024 / kThreads, kPow2>;
@@ -1751,15 +1763,8 @@ void launch(const TopkPerRowArgs& a, const Sink& sink, const TopkPlan& plan, con
   static std::atomic<uint64_t> configured{0};
   const uint64_t bit = uint64_t{1} << (place.device % 64);
   if ((configured.load(std::memory_order_relaxed) & bit) == 0) {
-    const ScopedRelaxedCapture setup_may_run_inside_a_capture;
-    for (auto* f : {kernel, whole_sm}) {
-      throw_on_cuda_error(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               kMaxDynamicSmem),
-                          "topk_per_row shared memory attribute");
-      throw_on_cuda_error(
-          cudaFuncSetAttribute(f, cudaFuncAttributeNonPortableClusterSizeAllowed, 1),
-          "topk_per_row cluster attribute");
-    }
+    allow_largest_launch(kernel);
+    allow_largest_launch(whole_sm);
     configured.fetch_or(bit, std::memory_order_relaxed);
   }
   if (a.rows <= whole_sm_clusters(place.device, plan.cluster)) kernel = whole_sm;
