@@ -90,7 +90,7 @@ int main(int argc, char** argv) {
   if (plan > 0) set_topk_plan_override(plan);
   Place p; p.device = 0; p.stream = 0;
   std::vector<int32_t> ids((size_t)rows * K);
-  const TopkPlan pl = topk_plan(rows, cols, sm_count(0));
+  const TopkPlan pl = topk_plan(rows, cols, 0);
   cudaEvent_t e0, e1; cudaEventCreate(&e0); cudaEventCreate(&e1);
   for (int it = 0; it < 20; ++it) topk_per_row_cuda(a, p);
   cudaEventRecord(e0);
