@@ -97,6 +97,11 @@ constexpr uint32_t kFloorFillNum = 9, kFloorFillDen = 10;
 //! 32K 27.9 -> 28.9) and 8K ones lost more (256 x 8192 13.3 -> 17.7, 1024 x 8192 48.3 ->
 //! 62.4). To be measured: this bound against capturing everywhere, in one call.
 constexpr int64_t kCaptureMinSlice = 32768;
+//! Whether streamed CTAs of `slice` columns capture candidates while counting (else k alone
+//! would fill the list, or the slice is short enough to walk).
+__host__ __device__ constexpr bool streamed_capture(int64_t k, int64_t slice) {
+  return k < list_capacity(false) && slice > kCaptureMinSlice;
+}
 //! Columns the two bitmaps of a CTA cover at most (16 KB: with the streamed list, 96 KB,
 //! two streamed CTAs fit an SM); longer slices are marked one segment at a time.
 constexpr int64_t kSegmentColumns = 65536;
@@ -621,7 +626,7 @@ __device__ __forceinline__ uint32_t refine_capture_floor(SharedState& s, uint32_
  *        alone would fill the list, or the row's slices are at most kCaptureMinSlice
  *        columns): counts only, returns 0. Every thread calls it.
  */
-template <typename Bits>
+template <typename Bits, bool kFromRegisters>
 __device__ __forceinline__ uint32_t count_and_capture(SharedState& s, const Bits* src, uint32_t n,
                                                       uint32_t row_count, uint32_t* hist,
                                                       const Marks& m, uint32_t k,
@@ -659,16 +664,25 @@ __device__ __forceinline__ uint32_t count_and_capture(SharedState& s, const Bits
       if (key[e] >= floor_key) mask |= Mask{1} << (u * kPerVector + e);
     }
   };
-  // Appends the keys of `mask` (the batch at `base`), with their columns, in lane order.
-  // A warp whose keys would pass the capacity stores none: the list has overflowed and is
-  // not used. The whole warp calls it. A thread walks its own set bits, reading each
-  // captured key's bits again: at a few percent captured almost every warp has a hit in
-  // every vector, so a pass over the vectors would run whole for every warp, where this
-  // loop runs as often as the warp's busiest lane hits. The reads mostly go to L2 (the
-  // streamed CTAs' shared memory leaves L1 less than a batch), two in flight at a time
-  // (H200, beside the loop of one read in one call: 64 x 128K fp32 24.3-24.8 -> 23.7-23.8
-  // us, bf16 22.4 -> 21.3, 16 distinct values 33.3 -> 31.0-31.5; 256 x 128K unchanged).
-  auto append = [&](uint32_t base, Mask mask) {
+  // Appends the keys of `mask` (the batch `vv` at `base`), with their columns, in lane
+  // order. A warp whose keys would pass the capacity stores none: the list has overflowed
+  // and is not used. The whole warp calls it.
+  // kFromRegisters: the keys come from the batch's registers, computed again from opaque
+  // copies of the loaded vectors (else the compiler keeps the marks' keys alive across the
+  // warp's scan: 96 / 232 bytes of stack at the 64-register bound). H100, graph us, one
+  // call, k = 2048, re-reads -> registers: fp32 256 x 128K 70.1 -> 63.0, 16 distinct
+  // values 256 x 128K 82.0 -> 74.0, 32 x 256K 45.9 -> 42.7, 64 x 128K 32.7 -> 30.9; but
+  // bf16 256 x 128K 52.7 -> 54.1 and 32 x 256K 29.6 -> 32.0 (eight keys a vector), so the
+  // fp32 kernels that capture are built with it (launch_plan) and no other.
+  // Else a thread walks its own set bits, reading each captured key's bits again: at a
+  // few percent captured almost every warp has a hit in every vector, so a pass over the
+  // vectors would run whole for every warp, where this loop runs as often as the warp's
+  // busiest lane hits. The reads mostly go to L2 (the streamed CTAs' shared memory leaves
+  // L1 less than a batch), two in flight at a time (H200, beside the loop of one read in
+  // one call: 64 x 128K fp32 24.3-24.8 -> 23.7-23.8 us, bf16 22.4 -> 21.3, 16 distinct
+  // values 33.3 -> 31.0-31.5; 256 x 128K unchanged). Appending after the next batch's
+  // loads are issued lost 1-11 us (H100: the re-reads wait behind those loads).
+  auto append = [&](uint32_t base, Mask mask, const uint4 (&vv)[kLoadsInFlight]) {
     const uint32_t mine = static_cast<uint32_t>(__popcll(mask));
     const uint32_t incl = warp_inclusive_sum(mine);
     const uint32_t total = __shfl_sync(0xffffffffu, incl, 31);
@@ -678,6 +692,21 @@ __device__ __forceinline__ uint32_t count_and_capture(SharedState& s, const Bits
     at = __shfl_sync(0xffffffffu, at, 31);
     if (at + total > m.capacity) return;  // warp-uniform
     at += incl - mine;
+    if constexpr (kFromRegisters) {
+#pragma unroll
+      for (int u = 0; u < kLoadsInFlight; ++u) {
+        uint4 opaque = vv[u];
+        asm volatile("" : "+r"(opaque.x), "+r"(opaque.y), "+r"(opaque.z), "+r"(opaque.w));
+        uint32_t key[kPerVector];
+        keys_of(opaque, key);
+        const uint32_t c = l.head + (base + u * kThreads + threadIdx.x) * kPerVector;
+#pragma unroll
+        for (int e = 0; e < kPerVector; ++e) {
+          if ((mask >> (u * kPerVector + e)) & 1) m.cand[at++] = make_uint2(key[e], c + e);
+        }
+      }
+      return;
+    }
     auto column = [&](Mask& left) {
       const int bit = __ffsll(static_cast<long long>(left)) - 1;
       left &= left - 1;
@@ -741,7 +770,7 @@ __device__ __forceinline__ uint32_t count_and_capture(SharedState& s, const Bits
     keys_of(v[u], key);
     if (u * kThreads + threadIdx.x < l.vectors) mark(key, u, floor_key, mask);
   }
-  append(0, mask);
+  append(0, mask, v);
   // The later batches, against the fixed floor: the warps run apart.
   for (uint32_t base = kStep; base < l.vectors; base += kStep) {  // block-uniform
     load(base, v);
@@ -755,7 +784,7 @@ __device__ __forceinline__ uint32_t count_and_capture(SharedState& s, const Bits
         mark(key, u, floor_key, mask);
       }
     }
-    append(base, mask);
+    append(base, mask, v);
   }
   return floor_key;
 }
@@ -1031,9 +1060,11 @@ __device__ __forceinline__ ClusterSums cluster_exchange(SharedState& s, int clus
  *        compaction or counts: convert_tokens; kPow2: convert_pow2 holds).
  *        kCtasPerSm: the CTAs per SM its registers are budgeted for: 2 (64 registers a
  *        thread), or 1 (128) for launches whose clusters all fit one CTA per SM (launch).
+ *        kAppendFromRegisters: streamed CTAs append their captured keys from the registers
+ *        (count_and_capture; launch_plan says which launches).
  */
 template <typename Bits, bool kResident, typename Sink, int kCtasPerSm = 1024 / kThreads,
-          bool kPow2 = false>
+          bool kPow2 = false, bool kAppendFromRegisters = false>
 __global__ void __launch_bounds__(kThreads, kCtasPerSm)
     topk_per_row_kernel(const TopkPerRowArgs a, const Sink sink, int cluster) {
   constexpr bool kSlots = std::is_same<Sink, ConvertIndexArgs>::value;
@@ -1076,7 +1107,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
   // Streamed CTAs capture candidates while counting, unless k alone would fill the list or
   // the launch's slices are short (their walk is one re-read of a few batches, mostly from
   // L2, cheaper than capturing every batch). `per` is the same for every CTA of the row.
-  const bool capturing = !kResident && k < kList && per > kCaptureMinSlice;
+  const bool capturing = !kResident && streamed_capture(k, per);
 
   // The selection: keys with high_bits(key, shift) > threshold, and the first `remaining`
   // (column order) of those equal to it. A window of at most k columns is taken whole.
@@ -1101,7 +1132,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
     if constexpr (kResident) {
       load_and_count<Bits>(slice.src, slice.n, keys, s.hist[0]);
     } else {
-      floor_key = count_and_capture<Bits>(s, slice.src, slice.n, static_cast<uint32_t>(w.count),
+      floor_key = count_and_capture<Bits, kAppendFromRegisters>(s, slice.src, slice.n, static_cast<uint32_t>(w.count),
                                           s.hist[0], m, static_cast<uint32_t>(k), capturing,
                                           cluster == 1);
     }
@@ -1746,9 +1777,11 @@ void allow_largest_launch(Kernel* kernel) {
                       "topk_per_row cluster attribute");
 }
 
-template <typename Bits, bool kResident, typename Sink, bool kPow2 = false>
+template <typename Bits, bool kResident, typename Sink, bool kPow2 = false,
+          bool kAppendFromRegisters = false>
 void launch(const TopkPerRowArgs& a, const Sink& sink, const TopkPlan& plan, const Place& place) {
-  auto* kernel = topk_per_row_kernel<Bits, kResident, Sink, 1024 / kThreads, kPow2>;
+  auto* kernel =
+      topk_per_row_kernel<Bits, kResident, Sink, 1024 / kThreads, kPow2, kAppendFromRegisters>;
   // A launch whose clusters all fit the chip at one CTA per SM (every resident launch but
   // the largest, and streamed ones of one wave) runs a build with the registers of the whole
   // SM: the walks no longer spill. H200, beside the 64-register build in the same call:
@@ -1758,7 +1791,7 @@ void launch(const TopkPerRowArgs& a, const Sink& sink, const TopkPlan& plan, con
   // without that check, 16 clusters of 8 took a second wave (H200, 16 x 128K 17.2 -> 21.6
   // us), where the 64-register build runs two CTAs on some SMs (topk_plan now picks fewer
   // CTAs a row there).
-  auto* whole_sm = topk_per_row_kernel<Bits, kResident, Sink, 1, kPow2>;
+  auto* whole_sm = topk_per_row_kernel<Bits, kResident, Sink, 1, kPow2, kAppendFromRegisters>;
   // Per device: the attributes are set once (a launch on another device needs them too).
   static std::atomic<uint64_t> configured{0};
   const uint64_t bit = uint64_t{1} << (place.device % 64);
@@ -1819,6 +1852,21 @@ void run_short_rows(const TopkPerRowArgs& a, const Sink& sink, const Place& plac
   launch_short_rows<uint32_t, Sink, kPow2>(a, sink, place);
 }
 
+//! The kernel of a resident or streamed plan. Streamed fp32 slices that capture
+//! (streamed_capture) append their captured keys from the registers (count_and_capture
+//! says why only those).
+template <typename Bits, typename Sink, bool kPow2>
+void launch_plan(const TopkPerRowArgs& a, const Sink& sink, const TopkPlan& plan,
+                 const Place& place) {
+  if (plan.resident) return launch<Bits, true, Sink, kPow2>(a, sink, plan, place);
+  if constexpr (sizeof(Bits) == 4) {
+    if (streamed_capture(a.k, plan.slice)) {
+      return launch<Bits, false, Sink, kPow2, true>(a, sink, plan, place);
+    }
+  }
+  launch<Bits, false, Sink, kPow2>(a, sink, plan, place);
+}
+
 //! Picks the plan and the kernel for the score type and launches it. kPow2: as
 //! run_short_rows.
 template <typename Sink, bool kPow2 = false>
@@ -1828,13 +1876,9 @@ void run_selection(const TopkPerRowArgs& a, const Sink& sink, const Place& place
   const TopkPlan plan = topk_plan(a.rows, a.cols, place.device);
   if (short_row_kernel_serves(a, plan)) return run_short_rows<Sink, kPow2>(a, sink, place);
   if constexpr (takes_bf16<Sink>()) {
-    if (a.bf16) {
-      return plan.resident ? launch<uint16_t, true, Sink, kPow2>(a, sink, plan, place)
-                           : launch<uint16_t, false, Sink, kPow2>(a, sink, plan, place);
-    }
+    if (a.bf16) return launch_plan<uint16_t, Sink, kPow2>(a, sink, plan, place);
   }
-  plan.resident ? launch<uint32_t, true, Sink, kPow2>(a, sink, plan, place)
-                : launch<uint32_t, false, Sink, kPow2>(a, sink, plan, place);
+  launch_plan<uint32_t, Sink, kPow2>(a, sink, plan, place);
 }
 
 }  // namespace
