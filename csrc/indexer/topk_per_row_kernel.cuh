@@ -1132,9 +1132,9 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
     if constexpr (kResident) {
       load_and_count<Bits>(slice.src, slice.n, keys, s.hist[0]);
     } else {
-      floor_key = count_and_capture<Bits, kAppendFromRegisters>(s, slice.src, slice.n, static_cast<uint32_t>(w.count),
-                                          s.hist[0], m, static_cast<uint32_t>(k), capturing,
-                                          cluster == 1);
+      floor_key = count_and_capture<Bits, kAppendFromRegisters>(
+          s, slice.src, slice.n, static_cast<uint32_t>(w.count), s.hist[0], m,
+          static_cast<uint32_t>(k), capturing, cluster == 1);
     }
     uint32_t prefix = 0;
     for (int pass = 0; pass < 3; ++pass) {
