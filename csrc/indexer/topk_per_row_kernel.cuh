@@ -1773,8 +1773,9 @@ void allow_largest_launch(Kernel* kernel) {
   throw_on_cuda_error(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxDynamicSmem),
       "topk_per_row shared memory attribute");
-  throw_on_cuda_error(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1),
-                      "topk_per_row cluster attribute");
+  throw_on_cuda_error(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1),
+      "topk_per_row cluster attribute");
 }
 
 template <typename Bits, bool kResident, typename Sink, bool kPow2 = false,
