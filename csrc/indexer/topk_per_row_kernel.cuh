@@ -669,8 +669,8 @@ __device__ __forceinline__ uint32_t count_and_capture(SharedState& s, const Bits
   // and is not used. The whole warp calls it.
   // kFromRegisters: the keys come from the batch's registers, computed again from opaque
   // copies of the loaded vectors (else the compiler keeps the marks' keys alive across the
-  // warp's scan: 96 / 232 bytes of stack at the 64-register bound). H100, graph us, one
-  // call, k = 2048, re-reads -> registers: fp32 256 x 128K 70.1 -> 63.0, 16 distinct
+  // warp's scan: 96 / 232 bytes of stack at the 64-register bound). H100, graph us, two
+  // calls, k = 2048, re-reads -> registers: fp32 256 x 128K 70.1 -> 63.0, 16 distinct
   // values 256 x 128K 82.0 -> 74.0, 32 x 256K 45.9 -> 42.7, 64 x 128K 32.7 -> 30.9; but
   // bf16 256 x 128K 52.7 -> 54.1 and 32 x 256K 29.6 -> 32.0 (eight keys a vector), so the
   // fp32 kernels that capture are built with it (launch_plan) and no other.
