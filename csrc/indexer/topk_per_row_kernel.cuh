@@ -991,6 +991,13 @@ __device__ __forceinline__ void mark_by_walk(const Slice& slice, const Marks& m,
   if (base < s1) batch(base, std::true_type{});
 }
 
+//! The `n` lowest set bits of `x` (n below its bit count).
+__device__ __forceinline__ uint32_t lowest_bits(uint32_t x, uint32_t n) {
+  uint32_t kept = 0;
+  for (; n > 0; --n) kept |= x & (0u - x), x &= x - 1;
+  return kept;
+}
+
 //! Bitonic sort of `n` (a power of two) 64-bit values in shared memory, descending.
 __device__ __forceinline__ void sort_descending(uint64_t* v, int n) {
   for (int size = 2; size <= n; size *= 2) {
@@ -1296,23 +1303,21 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
   // Calls visit(position, id) for each selected column of the words [w0, w1) of the
   // segment starting at column s0, in column order: position = the number of selected
   // columns before it. (gt, eq): the counts before word w0.
+  // A word's selected columns are its `sel` bits and the first remaining - eq of its `tie`
+  // bits, so their positions run on from the word's first: the bit loop has no branch.
   auto visit_words = [&](uint32_t s0, uint32_t w0, uint32_t w1, uint32_t gt, uint32_t eq,
                          auto&& visit) {
     const int32_t first_id = static_cast<int32_t>(lo + s0);
     for (uint32_t i = w0; i < w1; ++i) {
       const uint32_t above = m.sel[i];
-      uint32_t both = merged ? above : above | m.tie[i];
-      while (both != 0) {
-        const int b = __ffs(both) - 1;
-        both &= both - 1;
-        const int32_t id = first_id + static_cast<int32_t>(i * 32 + b);
-        if ((above >> b) & 1u) {
-          visit(static_cast<int64_t>(gt) + (eq < remaining ? eq : remaining), id);
-          ++gt;
-        } else {
-          if (eq < remaining) visit(static_cast<int64_t>(gt) + eq, id);
-          ++eq;
-        }
+      uint32_t ties = merged ? 0u : m.tie[i];
+      const uint32_t tie_count = __popc(ties);
+      if (eq + tie_count > remaining) ties = eq < remaining ? lowest_bits(ties, remaining - eq) : 0u;
+      int64_t position = static_cast<int64_t>(gt) + (eq < remaining ? eq : remaining);
+      gt += __popc(above), eq += tie_count;
+      const int32_t word_id = first_id + static_cast<int32_t>(i * 32);
+      for (uint32_t both = above | ties; both != 0; both &= both - 1) {
+        visit(position++, word_id + __ffs(both) - 1);
       }
     }
   };
