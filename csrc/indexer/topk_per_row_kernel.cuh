@@ -1304,7 +1304,9 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
   // segment starting at column s0, in column order: position = the number of selected
   // columns before it. (gt, eq): the counts before word w0.
   // A word's selected columns are its `sel` bits and the first remaining - eq of its `tie`
-  // bits, so their positions run on from the word's first: the bit loop has no branch.
+  // bits, so their positions run on from the word's first and the bit loop has no branch
+  // (H100, beside a loop that told the two kinds apart bit by bit: 256 x 128K 63.4 -> 62.8
+  // us, 16 distinct values 73.9 -> 70.3, 64 x 32K 15.3 -> 14.9).
   auto visit_words = [&](uint32_t s0, uint32_t w0, uint32_t w1, uint32_t gt, uint32_t eq,
                          auto&& visit) {
     const int32_t first_id = static_cast<int32_t>(lo + s0);
