@@ -991,6 +991,21 @@ __device__ __forceinline__ void mark_by_walk(const Slice& slice, const Marks& m,
   if (base < s1) batch(base, std::true_type{});
 }
 
+/*!
+ * \brief Asks L2 for a streamed CTA's first batch of loads (count_and_capture's: vector
+ *        u * kThreads + threadIdx.x of the slice of `n` columns at `src`), so that it is on
+ *        its way while the CTA clears its counters and bitmaps.
+ */
+template <typename Bits>
+__device__ __forceinline__ void prefetch_first_batch(const Bits* src, uint32_t n) {
+  const char* bytes = reinterpret_cast<const char*>(src);
+#pragma unroll
+  for (int u = 0; u < kLoadsInFlight; ++u) {
+    const uint32_t at = (u * kThreads + threadIdx.x) * 16u;
+    if (at < n * sizeof(Bits)) asm volatile("prefetch.global.L2 [%0];" ::"l"(bytes + at));
+  }
+}
+
 //! The `n` lowest set bits of `x` (n below its bit count).
 __device__ __forceinline__ uint32_t lowest_bits(uint32_t x, uint32_t n) {
   uint32_t kept = 0;
@@ -1073,7 +1088,8 @@ __device__ __forceinline__ ClusterSums cluster_exchange(SharedState& s, int clus
 template <typename Bits, bool kResident, typename Sink, int kCtasPerSm = 1024 / kThreads,
           bool kPow2 = false, bool kAppendFromRegisters = false>
 __global__ void __launch_bounds__(kThreads, kCtasPerSm)
-    topk_per_row_kernel(const TopkPerRowArgs a, const Sink sink, int cluster) {
+    topk_per_row_kernel(const TopkPerRowArgs a, const Sink sink, int cluster,
+                        unsigned first_wave) {
   constexpr bool kSlots = std::is_same<Sink, ConvertIndexArgs>::value;
   constexpr bool kPacked = std::is_same<Sink, PackCandidatesArgs>::value;
   extern __shared__ __align__(16) uint32_t dynamic_smem[];
@@ -1130,7 +1146,14 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
   uint32_t floor_key = 0;  // streamed: the capture floor (count_and_capture)
 
   if (w.count > k) {
-    if (!kResident) clear_counters();
+    if (!kResident) {
+      // A CTA past the launch's first wave starts beside other CTAs' streams and tails:
+      // its first loads are asked for before the clearing (H100, phase binaries, k =
+      // 2048: 1024 x 32K 114.4 -> 111.1 us). In a first wave, where every CTA starts at
+      // once, the same prefetch cost 0.4-0.8 us (256 x 128K, 64 x 128K, 256 x 32K).
+      if (blockIdx.x >= first_wave) prefetch_first_batch(slice.src, slice.n);
+      clear_counters();
+    }
     for (int64_t i = threadIdx.x; i < words; i += kThreads) {
       m.tie[i] = 0;  // marked from the list
       if (!kResident) m.sel[i] = 0;  // marked from the captured list (else by a walk)
@@ -1808,7 +1831,15 @@ void launch(const TopkPerRowArgs& a, const Sink& sink, const TopkPlan& plan, con
     allow_largest_launch(whole_sm);
     configured.fetch_or(bit, std::memory_order_relaxed);
   }
-  if (a.rows <= whole_sm_clusters(place.device, plan.cluster)) kernel = whole_sm;
+  // CTAs of blockIdx.x >= first_wave start after the first wave (prefetch_first_batch): two
+  // CTAs per SM in the 64-register build, in whole clusters (an estimate: it only decides a
+  // prefetch).
+  const int64_t grid_ctas = a.rows * plan.cluster;
+  int64_t first_wave = sm_count(place.device) * 2 / plan.cluster * plan.cluster;
+  if (a.rows <= whole_sm_clusters(place.device, plan.cluster)) {
+    kernel = whole_sm;
+    first_wave = grid_ctas;
+  }
   size_t smem = static_cast<size_t>(dynamic_smem_bytes(plan.slice, kResident));
   if (a.sorted) {
     const int64_t taken = a.k < a.cols ? a.k : a.cols;
@@ -1816,13 +1847,14 @@ void launch(const TopkPerRowArgs& a, const Sink& sink, const TopkPlan& plan, con
     while (static_cast<int64_t>(n) < taken) n *= 2;
     if (n * 8 > smem) smem = n * 8;
   }
-  if (a.rows * plan.cluster > kMaxGridX) {
+  if (grid_ctas > kMaxGridX) {
     throw std::invalid_argument("topk_per_row: rows * cluster must be < 2^31, got " +
                                 std::to_string(a.rows) + " * " + std::to_string(plan.cluster));
   }
-  const unsigned grid = static_cast<unsigned>(a.rows * plan.cluster);
+  const unsigned grid = static_cast<unsigned>(grid_ctas);
   launch_clustered_kernel(kernel, grid, kThreads, plan.cluster, smem, place.cuda_stream(),
-                          "topk_per_row kernel launch", a, sink, plan.cluster);
+                          "topk_per_row kernel launch", a, sink, plan.cluster,
+                          static_cast<unsigned>(first_wave < grid_ctas ? first_wave : grid_ctas));
 }
 
 template <typename Bits, int kItems, int kBlock, typename Sink, bool kPow2>
