@@ -1148,9 +1148,10 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
   if (w.count > k) {
     if (!kResident) {
       // A CTA past the launch's first wave starts beside other CTAs' streams and tails:
-      // its first loads are asked for before the clearing (H100, phase binaries, k =
-      // 2048: 1024 x 32K 114.4 -> 111.1 us). In a first wave, where every CTA starts at
-      // once, the same prefetch cost 0.4-0.8 us (256 x 128K, 64 x 128K, 256 x 32K).
+      // its first loads are asked for before the clearing (H100, graph us, k = 2048:
+      // 1024 x 32K 110.4 -> 107.2, 2048 x 32K 206.0 -> 199.9, 300 x 128K 96.9 -> 95.9). In
+      // a first wave, where every CTA starts at once, the same prefetch cost 0.4-0.8 us
+      // (phase binaries: 256 x 128K, 64 x 128K, 256 x 32K).
       if (blockIdx.x >= first_wave) prefetch_first_batch(slice.src, slice.n);
       clear_counters();
     }
@@ -1337,7 +1338,9 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
       const uint32_t above = m.sel[i];
       uint32_t ties = merged ? 0u : m.tie[i];
       const uint32_t tie_count = __popc(ties);
-      if (eq + tie_count > remaining) ties = eq < remaining ? lowest_bits(ties, remaining - eq) : 0u;
+      if (eq + tie_count > remaining) {
+        ties = eq < remaining ? lowest_bits(ties, remaining - eq) : 0u;
+      }
       int64_t position = static_cast<int64_t>(gt) + (eq < remaining ? eq : remaining);
       gt += __popc(above), eq += tie_count;
       const int32_t word_id = first_id + static_cast<int32_t>(i * 32);
