@@ -1083,7 +1083,9 @@ __device__ __forceinline__ ClusterSums cluster_exchange(SharedState& s, int clus
  *        kCtasPerSm: the CTAs per SM its registers are budgeted for: 2 (64 registers a
  *        thread), or 1 (128) for launches whose clusters all fit one CTA per SM (launch).
  *        kAppendFromRegisters: streamed CTAs append their captured keys from the registers
- *        (count_and_capture; launch_plan says which launches).
+ *        (count_and_capture; launch_plan says which launches). `cluster`: CTAs a row;
+ *        `first_wave`: the CTAs of the launch's first wave (launch's estimate), past which
+ *        streamed CTAs prefetch their first batch (prefetch_first_batch).
  */
 template <typename Bits, bool kResident, typename Sink, int kCtasPerSm = 1024 / kThreads,
           bool kPow2 = false, bool kAppendFromRegisters = false>
@@ -1834,11 +1836,11 @@ void launch(const TopkPerRowArgs& a, const Sink& sink, const TopkPlan& plan, con
     allow_largest_launch(whole_sm);
     configured.fetch_or(bit, std::memory_order_relaxed);
   }
-  // CTAs of blockIdx.x >= first_wave start after the first wave (prefetch_first_batch): two
-  // CTAs per SM in the 64-register build, in whole clusters (an estimate: it only decides a
-  // prefetch).
+  // CTAs of blockIdx.x >= first_wave start after the first wave (prefetch_first_batch):
+  // kStreamedPerSm CTAs per SM in the 64-register build, in whole clusters (an estimate: it
+  // only decides a prefetch).
   const int64_t grid_ctas = a.rows * plan.cluster;
-  int64_t first_wave = sm_count(place.device) * 2 / plan.cluster * plan.cluster;
+  int64_t first_wave = sm_count(place.device) * kStreamedPerSm / plan.cluster * plan.cluster;
   if (a.rows <= whole_sm_clusters(place.device, plan.cluster)) {
     kernel = whole_sm;
     first_wave = grid_ctas;
