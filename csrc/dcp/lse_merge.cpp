@@ -4,6 +4,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "../common/overlap.h"
+
 namespace dsa {
 
 template <typename T>
@@ -33,6 +35,8 @@ static void run(const Desc3& partial, const Desc3& lses, int64_t rank, bool base
   a.global_lse = Strided2D<float>(global_lse);
   a.rank = static_cast<int32_t>(rank);
   a.base2 = base2;
+  require_apart("corrected", a.corrected, "out", a.partial, "lses", a.lses);
+  require_apart("global_lse", a.global_lse, "out", a.partial, "lses", a.lses);
   run_on(place, a, correct_attn_cpu<T>, correct_attn_cuda<T>);
 }
 

@@ -1,6 +1,8 @@
 // DCP candidate packing: the entry point and the CPU implementation.
 #include "pack_candidates.h"
 
+#include "../common/overlap.h"
+
 namespace dsa {
 
 void pack_candidates_cpu(const PackCandidatesArgs& a) {
@@ -22,6 +24,8 @@ void pack_dcp_topk_candidates(const Desc2& logits, const Desc2& topk_indices, in
   a.out = Strided2D<uint64_t>(out);
   a.dcp = DcpLayout(static_cast<int32_t>(world_size), static_cast<int32_t>(interleave));
   a.rank = static_cast<int32_t>(rank);
+  require_apart("out", a.out, "logits", a.logits, "topk_indices", a.topk_indices, "row_starts",
+                a.row_starts);
   run_on(Place{device, stream}, a, pack_candidates_cpu, pack_candidates_cuda);
 }
 

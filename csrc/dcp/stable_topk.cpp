@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "../common/overlap.h"
 #include "cubin_loader.h"
 
 namespace dsa {
@@ -183,6 +184,7 @@ void stable_topk_from_candidates(const Desc3& candidates, const Desc2& out_desc,
                                  bool sorted, int64_t device, int64_t stream) {
   const TopkCandidates cand(candidates);
   const Strided2D<int32_t> out(out_desc);
+  require_apart("out", out, "candidates", Strided3D<const int64_t>(candidates));
   if (cand.rows == 0 || out.cols == 0) return;
   const Place place{device, stream};
   if (place.on_cuda()) {

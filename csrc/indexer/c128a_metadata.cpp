@@ -1,6 +1,8 @@
 // C128A metadata: the entry point and the CPU implementation.
 #include "c128a_metadata.h"
 
+#include "../common/overlap.h"
+
 namespace dsa {
 
 namespace {
@@ -51,6 +53,13 @@ void build_c128a_topk_metadata(const Desc1& positions, const Desc1& token_to_req
   a.num_decode = num_decode_tokens;
   a.width = width;
   a.by_block_size = FastDiv(static_cast<uint32_t>(block_size));
+  auto apart_from_inputs = [&](const char* name, const auto& written) {
+    require_apart(name, written, "positions", a.positions, "token_to_req", a.token_to_req,
+                  "block_table", a.block_table, "slot_mapping", a.slot_mapping);
+  };
+  apart_from_inputs("decode_buffer", a.decode);
+  apart_from_inputs("decode_lens_buffer", a.decode_lens);
+  apart_from_inputs("prefill_buffer", a.prefill);
   run_on(Place{device, stream}, a, c128a_metadata_cpu, c128a_metadata_cuda);
 }
 

@@ -1,6 +1,8 @@
 // Per-token sequence lengths: the entry points and the CPU implementations.
 #include "seq_lens.h"
 
+#include "../common/overlap.h"
+
 namespace dsa {
 void local_lens_cpu(const LocalLensArgs& a) {
   for (int64_t i = 0; i < a.num; ++i) {
@@ -36,6 +38,8 @@ void dcp_local_seq_lens(const Desc1& seq_lens, int64_t rank, int64_t world_size,
   a.rank = rank;
   a.world = world_size;
   a.interleave = interleave;
+  require_apart("out", a.out64, "seq_lens", a.lens64);
+  require_apart("out", a.out32, "seq_lens", a.lens32);
   run_on(Place{device, stream}, a, local_lens_cpu, local_lens_cuda);
 }
 
@@ -58,6 +62,12 @@ void expand_decode_seq_lens(const Desc1& seq_lens, int64_t num_reqs,
   a.global_lens = Strided1D<int32_t>(global_lens);
   a.local_lens = Strided2D<int32_t>(local_lens);
   a.row_map = Strided1D<int32_t>(row_map);
+  auto apart_from_inputs = [&](const char* name, const auto& written) {
+    require_apart(name, written, "seq_lens", a.seq_lens, "query_start_loc", a.query_start_loc);
+  };
+  apart_from_inputs("global_lens", a.global_lens);
+  apart_from_inputs("local_lens", a.local_lens);
+  apart_from_inputs("row_map", a.row_map);
   run_on(Place{device, stream}, a, decode_lens_cpu, decode_lens_cuda);
 }
 
@@ -79,6 +89,13 @@ void prefill_chunk_bounds(const Desc1& seq_lens, const Desc1& query_start_loc,
   a.ks = Strided1D<int32_t>(ks);
   a.ke = Strided1D<int32_t>(ke);
   a.token_to_seq = Strided1D<int32_t>(token_to_seq);
+  auto apart_from_inputs = [&](const char* name, const auto& written) {
+    require_apart(name, written, "seq_lens", a.seq_lens, "query_start_loc", a.query_start_loc,
+                  "row_starts", a.row_starts);
+  };
+  apart_from_inputs("ks", a.ks);
+  apart_from_inputs("ke", a.ke);
+  apart_from_inputs("token_to_seq", a.token_to_seq);
   run_on(Place{device, stream}, a, prefill_bounds_cpu, prefill_bounds_cuda);
 }
 

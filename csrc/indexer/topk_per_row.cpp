@@ -5,6 +5,8 @@
 #include <functional>
 #include <vector>
 
+#include "../common/overlap.h"
+
 namespace dsa {
 namespace {
 
@@ -71,6 +73,21 @@ TopkPerRowArgs selection_args(const Desc2& logits, int64_t k, const Desc1& lengt
   return a;
 }
 
+//! Throws where the output `out` shares memory with the selection's inputs: the logits
+//! (`logits`, bf16 or fp32) and the row bounds in `a`.
+template <typename Out>
+void require_apart_from_selection(const char* out_name, const Out& out,
+                                  const TopkPerRowArgs& a, const Desc2& logits) {
+  if (a.bf16) {
+    require_apart(out_name, out, "logits", Strided2D<const uint16_t>(logits));
+  } else {
+    require_apart(out_name, out, "logits", Strided2D<const uint32_t>(logits));
+  }
+  require_apart(out_name, out, "row bounds", a.starts);
+  require_apart(out_name, out, "row bounds", a.ends);
+  require_apart(out_name, out, "seq_lens", a.seq_lens);
+}
+
 }  // namespace
 
 void topk_per_row_cpu(const TopkPerRowArgs& a) {
@@ -102,6 +119,7 @@ void topk_per_row(const Desc2& logits, int64_t k, const Desc1& lengths, const De
   TopkPerRowArgs a = selection_args(logits, k, lengths, seq_lens, next_n, row_starts, row_ends,
                                     out, is_bf16, seq_lens_2d);
   a.sorted = sorted;
+  require_apart_from_selection("out", a.out, a, logits);
   run_on(Place{device, stream}, a, topk_per_row_cpu, topk_per_row_cuda);
 }
 
@@ -123,6 +141,12 @@ void topk_to_slots(const Desc2& logits, int64_t k, const Desc1& lengths, const D
   a.convert.entry_limit = entry_limit_for(a.convert.block_stride);
   a.convert.dcp = DcpLayout(1, 1);
   a.convert.compact = compact;
+  require_apart_from_selection("out", a.convert.out, a.topk, logits);
+  require_apart("out", a.convert.out, "req_id", a.convert.req_id, "block_table",
+                a.convert.block_table);
+  require_apart_from_selection("valid_counts", a.convert.valid_counts, a.topk, logits);
+  require_apart("valid_counts", a.convert.valid_counts, "req_id", a.convert.req_id,
+                "block_table", a.convert.block_table);
   run_on(Place{device, stream}, a, topk_to_slots_cpu, topk_to_slots_cuda);
 }
 
@@ -139,6 +163,7 @@ void topk_to_candidates(const Desc2& logits, int64_t k, const Desc1& lengths,
   a.pack.out = Strided2D<uint64_t>(out);
   a.pack.dcp = DcpLayout(static_cast<int32_t>(world_size), static_cast<int32_t>(interleave));
   a.pack.rank = static_cast<int32_t>(rank);
+  require_apart_from_selection("out", a.pack.out, a.topk, logits);
   run_on(Place{device, stream}, a, topk_to_candidates_cpu, topk_to_candidates_cuda);
 }
 
