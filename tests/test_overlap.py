@@ -118,3 +118,11 @@ def test_c128a_decode_lens_buffer_over_token_to_req_is_rejected():
                        match="decode_lens_buffer must not share memory with token_to_req"):
         dsa_ext.build_c128a_topk_metadata(positions, ratio, Td, token_to_req, block_table, bs,
                                           slot_mapping, decode, token_to_req, prefill, width)
+
+
+def test_topk_per_row_out_over_the_lengths_names_them():
+    rows, L, k = 2, 64, 4
+    buf = torch.full((rows * k,), L, dtype=torch.int32)
+    with pytest.raises(ValueError, match="out must not share memory with lengths"):
+        dsa_ext.topk_per_row(torch.randn(rows, L), k, lengths=buf[:rows],
+                             out=buf.view(rows, k))

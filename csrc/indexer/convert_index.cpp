@@ -70,16 +70,16 @@ void convert_req_index_to_global_index(const Desc1& req_id, const Desc2& block_t
   a.dcp = DcpLayout(static_cast<int32_t>(dcp_world_size), static_cast<int32_t>(interleave));
   a.rank = static_cast<int32_t>(dcp_rank);
   a.compact = compact;
+  auto apart_from_tables = [&](const char* name, const auto& written) {
+    require_apart(name, written, "req_id", a.req_id, "block_table", a.block_table,
+                  "idx_mapping", a.idx_mapping, "prefill_request_id", a.prefill_request_id,
+                  "prefill_workspace_starts", a.workspace_starts);
+  };
   // `out` may be `token_indices` itself, the same view (docs/ops.md section 2).
-  const bool in_place = out == token_indices;
-  if (!in_place) require_apart("out", a.out, "token_indices", a.token_indices);
-  require_apart("out", a.out, "req_id", a.req_id, "block_table", a.block_table, "idx_mapping",
-                a.idx_mapping, "prefill_request_id", a.prefill_request_id,
-                "prefill_workspace_starts", a.workspace_starts);
-  require_apart("valid_counts", a.valid_counts, "token_indices", a.token_indices, "req_id",
-                a.req_id, "block_table", a.block_table, "idx_mapping", a.idx_mapping,
-                "prefill_request_id", a.prefill_request_id, "prefill_workspace_starts",
-                a.workspace_starts);
+  if (out != token_indices) require_apart("out", a.out, "token_indices", a.token_indices);
+  apart_from_tables("out", a.out);
+  require_apart("valid_counts", a.valid_counts, "token_indices", a.token_indices);
+  apart_from_tables("valid_counts", a.valid_counts);
   run_on(Place{device, stream}, a, convert_index_cpu, convert_index_cuda);
 }
 

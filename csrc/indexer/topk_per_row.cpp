@@ -74,7 +74,7 @@ TopkPerRowArgs selection_args(const Desc2& logits, int64_t k, const Desc1& lengt
 }
 
 //! Throws where the output `out` shares memory with the selection's inputs: the logits
-//! (`logits`, bf16 or fp32) and the row bounds in `a`.
+//! (`logits`, bf16 or fp32) and the row bounds in `a`, under the op's names for them.
 template <typename Out>
 void require_apart_from_selection(const char* out_name, const Out& out,
                                   const TopkPerRowArgs& a, const Desc2& logits) {
@@ -83,9 +83,8 @@ void require_apart_from_selection(const char* out_name, const Out& out,
   } else {
     require_apart(out_name, out, "logits", Strided2D<const uint32_t>(logits));
   }
-  require_apart(out_name, out, "row bounds", a.starts);
-  require_apart(out_name, out, "row bounds", a.ends);
-  require_apart(out_name, out, "seq_lens", a.seq_lens);
+  const char* ends = a.bounds == RowBoundsKind::kEnds ? "lengths" : "row_ends";
+  require_apart(out_name, out, "row_starts", a.starts, ends, a.ends, "seq_lens", a.seq_lens);
 }
 
 }  // namespace
@@ -141,12 +140,13 @@ void topk_to_slots(const Desc2& logits, int64_t k, const Desc1& lengths, const D
   a.convert.entry_limit = entry_limit_for(a.convert.block_stride);
   a.convert.dcp = DcpLayout(1, 1);
   a.convert.compact = compact;
-  require_apart_from_selection("out", a.convert.out, a.topk, logits);
-  require_apart("out", a.convert.out, "req_id", a.convert.req_id, "block_table",
-                a.convert.block_table);
-  require_apart_from_selection("valid_counts", a.convert.valid_counts, a.topk, logits);
-  require_apart("valid_counts", a.convert.valid_counts, "req_id", a.convert.req_id,
-                "block_table", a.convert.block_table);
+  auto apart_from_inputs = [&](const char* name, const auto& written) {
+    require_apart_from_selection(name, written, a.topk, logits);
+    require_apart(name, written, "req_id", a.convert.req_id, "block_table",
+                  a.convert.block_table);
+  };
+  apart_from_inputs("out", a.convert.out);
+  apart_from_inputs("valid_counts", a.convert.valid_counts);
   run_on(Place{device, stream}, a, topk_to_slots_cpu, topk_to_slots_cuda);
 }
 

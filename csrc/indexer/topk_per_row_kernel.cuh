@@ -992,9 +992,11 @@ __device__ __forceinline__ void mark_by_walk(const Slice& slice, const Marks& m,
 }
 
 /*!
- * \brief Asks L2 for a streamed CTA's first batch of loads (count_and_capture's: vector
- *        u * kThreads + threadIdx.x of the slice of `n` columns at `src`), so that it is on
- *        its way while the CTA clears its counters and bitmaps.
+ * \brief Asks L2 for a streamed CTA's first batch of loads, so that it is on its way while
+ *        the CTA clears its counters and bitmaps: thread t asks for the 16-byte blocks
+ *        u * kThreads + t of the slice of `n` columns at `src`. count_and_capture's vectors
+ *        start after the slice's unaligned head, less than 16 bytes later: the same cache
+ *        lines but for the batch's last one.
  */
 template <typename Bits>
 __device__ __forceinline__ void prefetch_first_batch(const Bits* src, uint32_t n) {
