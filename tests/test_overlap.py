@@ -126,3 +126,86 @@ def test_topk_per_row_out_over_the_lengths_names_them():
     with pytest.raises(ValueError, match="out must not share memory with lengths"):
         dsa_ext.topk_per_row(torch.randn(rows, L), k, lengths=buf[:rows],
                              out=buf.view(rows, k))
+
+
+# Outputs against each other: two outputs' writes to one element would land in an order
+# that changes from run to run.
+
+def test_convert_valid_counts_inside_out_is_rejected():
+    req_id, block_table, ids, bs = _tables()
+    T, K = ids.shape
+    out = torch.empty((T, K), dtype=torch.int32)
+    with pytest.raises(ValueError, match="out must not share memory with valid_counts"):
+        dsa_ext.convert_req_index_to_global_index(req_id, block_table, ids, bs, compact=True,
+                                                  out=out, valid_counts=out.view(-1)[:T])
+
+
+def test_convert_outputs_side_by_side_in_one_buffer_run():
+    req_id, block_table, ids, bs = _tables()
+    T, K = ids.shape
+    storage = torch.empty(T * K + T, dtype=torch.int32)
+    out, counts = storage[:T * K].view(T, K), storage[T * K:]
+    want, want_counts = reference.convert_req_index_to_global_index(
+        req_id, block_table, ids, bs, compact=True)
+    got, got_counts = dsa_ext.convert_req_index_to_global_index(
+        req_id, block_table, ids, bs, compact=True, return_valid_counts=True, out=out,
+        valid_counts=counts)
+    assert torch.equal(got, want) and torch.equal(got_counts, want_counts)
+
+
+def test_topk_to_slots_valid_counts_inside_out_is_rejected():
+    rows, L, k = 2, 64, 4
+    logits = torch.randn(rows, L)
+    req_id = torch.zeros(rows, dtype=torch.int32)
+    block_table = torch.arange(16, dtype=torch.int32).view(2, 8)
+    out = torch.empty((rows, k), dtype=torch.int32)
+    with pytest.raises(ValueError, match="out must not share memory with valid_counts"):
+        dsa_ext.topk_to_slots(logits, k, req_id, block_table, 16, compact=True,
+                              return_valid_counts=True, out=out,
+                              valid_counts=out.view(-1)[:rows])
+
+
+def test_decode_context_lens_outputs_sharing_a_buffer_are_rejected():
+    seq_lens = torch.tensor([10, 7], dtype=torch.int32)
+    buf = torch.empty(4, dtype=torch.int32)
+    with pytest.raises(ValueError, match="out must not share memory with row_map_out"):
+        dsa_ext.seq_lens.decode_context_lens(seq_lens, 4, next_n=2, out=buf, row_map_out=buf)
+
+
+def test_decode_context_lens_names_its_keywords():
+    seq_lens = torch.tensor([10, 7, 0, 0], dtype=torch.int32)
+    with pytest.raises(ValueError, match="local_out must not share memory with seq_lens"):
+        dsa_ext.seq_lens.decode_context_lens(seq_lens, 4, next_n=1, local_out=seq_lens)
+
+
+def test_prefill_chunk_bounds_ks_and_ke_sharing_a_buffer_are_rejected():
+    seq_lens = torch.tensor([6, 4], dtype=torch.int32)
+    qsl = torch.tensor([0, 3, 5], dtype=torch.int32)
+    row_starts = torch.tensor([0, 6], dtype=torch.int32)
+    buf = torch.empty(5, dtype=torch.int32)
+    with pytest.raises(ValueError, match="ks must not share memory with ke"):
+        dsa_ext.seq_lens.prefill_chunk_bounds(seq_lens, qsl, row_starts, 0, 5, ks=buf, ke=buf)
+
+
+def test_c128a_decode_and_prefill_buffers_overlapping_are_rejected():
+    T, Td, ratio, bs, width = 4, 2, 4, 16, 8
+    positions = torch.arange(T, dtype=torch.int64) * 3 + 20
+    token_to_req = torch.zeros(T, dtype=torch.int32)
+    block_table = torch.arange(8, dtype=torch.int32).view(1, 8)
+    slot_mapping = torch.arange(T, dtype=torch.int64)
+    both = torch.zeros((T + 1, width), dtype=torch.int32)
+    lens = torch.zeros(T, dtype=torch.int32)
+    with pytest.raises(ValueError,
+                       match="decode_buffer must not share memory with prefill_buffer"):
+        dsa_ext.build_c128a_topk_metadata(positions, ratio, Td, token_to_req, block_table, bs,
+                                          slot_mapping, both[:T], lens, both[1:], width)
+
+
+def test_correct_attention_output_global_lse_inside_corrected_is_rejected():
+    W, B, H, D = 2, 2, 4, 8
+    out = torch.randn(B, H, D)
+    lses = torch.randn(W, B, H)
+    corrected = torch.empty(W, B, H // W, D)
+    with pytest.raises(ValueError, match="corrected must not share memory with global_lse"):
+        dsa_ext.correct_attention_output(out, lses, 0, corrected=corrected,
+                                         global_lse=corrected.view(-1)[:B * H].view(B, H))

@@ -1,6 +1,7 @@
-// The contract's "outputs never share memory with the inputs" (docs/ops.md, conventions),
-// checked at each op's entry: a partial overlap would have a kernel read what another
-// thread already overwrote, a race whose result changes from run to run.
+// The contract's "outputs never share memory with the inputs or with each other" (docs/ops.md,
+// conventions), checked at each op's entry: a partial overlap would have a kernel read what
+// another thread already overwrote, or two outputs' writes land on one element in an order
+// that changes from run to run.
 #pragma once
 
 #include <cstdint>
@@ -80,6 +81,15 @@ void require_apart(const char* out_name, const Out& out, const char* in_name, co
                    const More&... more) {
   require_apart(out_name, out, in_name, in);
   if constexpr (sizeof...(More) > 0) require_apart(out_name, out, more...);
+}
+
+//! require_apart of every pair of the (name, view) outputs given.
+template <typename Out, typename... More>
+void require_outputs_apart(const char* out_name, const Out& out, const More&... more) {
+  if constexpr (sizeof...(More) > 0) {
+    require_apart(out_name, out, more...);
+    require_outputs_apart(more...);
+  }
 }
 
 }  // namespace dsa

@@ -37,6 +37,7 @@ static void run(const Desc3& partial, const Desc3& lses, int64_t rank, bool base
   a.base2 = base2;
   require_apart("corrected", a.corrected, "out", a.partial, "lses", a.lses);
   require_apart("global_lse", a.global_lse, "out", a.partial, "lses", a.lses);
+  require_outputs_apart("corrected", a.corrected, "global_lse", a.global_lse);
   run_on(place, a, correct_attn_cpu<T>, correct_attn_cuda<T>);
 }
 

@@ -60,6 +60,8 @@ void build_c128a_topk_metadata(const Desc1& positions, const Desc1& token_to_req
   apart_from_inputs("decode_buffer", a.decode);
   apart_from_inputs("decode_lens_buffer", a.decode_lens);
   apart_from_inputs("prefill_buffer", a.prefill);
+  require_outputs_apart("decode_buffer", a.decode, "decode_lens_buffer", a.decode_lens,
+                        "prefill_buffer", a.prefill);
   run_on(Place{device, stream}, a, c128a_metadata_cpu, c128a_metadata_cuda);
 }
 

@@ -80,6 +80,7 @@ void convert_req_index_to_global_index(const Desc1& req_id, const Desc2& block_t
   apart_from_tables("out", a.out);
   require_apart("valid_counts", a.valid_counts, "token_indices", a.token_indices);
   apart_from_tables("valid_counts", a.valid_counts);
+  require_outputs_apart("out", a.out, "valid_counts", a.valid_counts);
   run_on(Place{device, stream}, a, convert_index_cpu, convert_index_cuda);
 }
 

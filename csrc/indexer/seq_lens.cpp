@@ -65,9 +65,12 @@ void expand_decode_seq_lens(const Desc1& seq_lens, int64_t num_reqs,
   auto apart_from_inputs = [&](const char* name, const auto& written) {
     require_apart(name, written, "seq_lens", a.seq_lens, "query_start_loc", a.query_start_loc);
   };
-  apart_from_inputs("global_lens", a.global_lens);
-  apart_from_inputs("local_lens", a.local_lens);
-  apart_from_inputs("row_map", a.row_map);
+  // Named as decode_context_lens names them (decode_row_ends writes `out` only).
+  apart_from_inputs("out", a.global_lens);
+  apart_from_inputs("local_out", a.local_lens);
+  apart_from_inputs("row_map_out", a.row_map);
+  require_outputs_apart("out", a.global_lens, "local_out", a.local_lens, "row_map_out",
+                        a.row_map);
   run_on(Place{device, stream}, a, decode_lens_cpu, decode_lens_cuda);
 }
 
@@ -96,6 +99,7 @@ void prefill_chunk_bounds(const Desc1& seq_lens, const Desc1& query_start_loc,
   apart_from_inputs("ks", a.ks);
   apart_from_inputs("ke", a.ke);
   apart_from_inputs("token_to_seq", a.token_to_seq);
+  require_outputs_apart("ks", a.ks, "ke", a.ke, "token_to_seq", a.token_to_seq);
   run_on(Place{device, stream}, a, prefill_bounds_cpu, prefill_bounds_cuda);
 }
 

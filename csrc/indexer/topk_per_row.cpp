@@ -147,6 +147,7 @@ void topk_to_slots(const Desc2& logits, int64_t k, const Desc1& lengths, const D
   };
   apart_from_inputs("out", a.convert.out);
   apart_from_inputs("valid_counts", a.convert.valid_counts);
+  require_outputs_apart("out", a.convert.out, "valid_counts", a.convert.valid_counts);
   run_on(Place{device, stream}, a, topk_to_slots_cpu, topk_to_slots_cuda);
 }
 
