@@ -602,6 +602,22 @@ def test_resident_register_builds(plan):
 
 
 @pytest.mark.cuda
+def test_streamed_capture_register_builds():
+    # More one-CTA rows than fit at one CTA per SM run the 64-register build, where a
+    # merged slice (two bitmap segments, every tie taken) positions its ids from the list
+    # (list_positions); the ids, the sorted rewrite and the DCP candidates against the CPU.
+    x = capture_rows(131072, torch.float32, 7).repeat(20, 1)  # 160 rows: past 148 SMs
+    starts = (torch.arange(160, dtype=I32) % 5) * 3
+    with forced_topk_plan(101):
+        for k in (1, 2048, 4096):
+            run_both(torch.device("cuda"), x, k)
+        run_both(torch.device("cuda"), x, 2048, row_starts=starts,
+                 row_ends=torch.full((160,), 131072, dtype=I32) - starts)
+        run_both(torch.device("cuda"), x, 2048, sorted=True)
+        candidates_both(torch.device("cuda"), x, 2048, 1, 4, 2)
+
+
+@pytest.mark.cuda
 def test_streamed_capture_multi_segment_bf16():
     # Slices past the bitmaps (kSegmentColumns) mark their segments from the captured list
     # (or walk them where it overflowed); the last segment holds 3 columns.

@@ -221,6 +221,8 @@ struct SharedState {
   uint32_t sums[4];     // the exchange's result, for every thread
 };
 
+static_assert(2 * kSegmentColumns / 32 * sizeof(uint32_t) <= sizeof(SharedState::hist),
+              "a merged bitmap's word prefixes fit in the histograms (list_positions)");
 static_assert(kStagedSlots * sizeof(int32_t) <= sizeof(SharedState::hist) &&
                   kStagedSlots * sizeof(int32_t) <= list_capacity(true) * sizeof(uint2),
               "a CTA's ids are staged in the histograms (streamed) or the list (resident)");
@@ -1438,13 +1440,37 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
   // Staged (at most kStagedSlots ids): the ids go to shared memory in output order, so that
   // the writes are coalesced (and the plain slot sink's gathers batched).
   const bool staged = count <= kStagedSlots;
-  if (staged && !stage_while_counting) {
+  // Merged, the list holds every selected key and the one bitmap marks their columns: each
+  // listed selected key finds its own position, the CTA's first plus the selected columns
+  // before its word (a prefix per word, in the histograms) plus its word's bits below it.
+  // No thread walks a word's bits, where a warp waits on its lane with the most. Two CTAs
+  // an SM share its issue slots in their tails, where this pays (H100, graph us, against
+  // the staging visit: ids 256 x 128K 62.6-63.6 -> 61.3-62.2, 512 x 128K 116.4-116.8 ->
+  // 113.9-114.4; topk_to_candidates 256 x 128K 73.6-73.9 -> 70.2-70.8). So only the fp32
+  // capturing 64-register builds take it: the whole-SM ones lost 0.2-0.5 (100 x 128K, 64 x
+  // 256K), the bf16 64-register build spilled with it and lost 1.5-2.5 (256 / 512 x 128K),
+  // and fp32 slices that do not capture are never merged. The slot sink stages its ids, to
+  // convert them in batches.
+  const bool list_positions = !kSlots && kCtasPerSm > 1 && kAppendFromRegisters && merged;
+  uint32_t* const word_prefix = &s.hist[0][0];
+  if (list_positions) {
+    uint32_t before = gt_before;
+    for (uint32_t i = w0; i < w1; ++i) word_prefix[i] = before, before += __popc(m.sel[i]);
+    __syncthreads();
+  } else if (staged && !stage_while_counting) {
     for_each_selected([&](int64_t pos, int32_t id) { stage[pos - first] = id; });
     __syncthreads();
   }
   // Calls put(position, id) for each selected id of the CTA. Every thread calls it.
   auto for_each_output = [&](auto&& put) {
-    if (staged) {
+    if (list_positions) {
+      for_each_listed(m.cand, listed_count, [&](uint2 e) {
+        const uint32_t j = e.y, word = j / 32;
+        if (high_bits(e.x, shift) < threshold || j >= slice.n) return;
+        const uint32_t rank = word_prefix[word] + __popc(m.sel[word] & ((1u << (j % 32)) - 1u));
+        if (rank < count) put(first + rank, static_cast<int32_t>(lo + j));
+      });
+    } else if (staged) {
       for (int i = threadIdx.x; i < count; i += kThreads) put(first + i, stage[i]);
     } else {
       for_each_selected(put);
