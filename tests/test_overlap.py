@@ -97,27 +97,38 @@ def test_local_seq_lens_out_over_seq_lens_is_rejected():
         dsa_ext.seq_lens.local_seq_lens(seq_lens, 0, 2, out=seq_lens)
 
 
-def test_correct_attention_output_over_its_input_is_rejected():
+@pytest.mark.parametrize("other", ["out", "global_lse"])
+def test_correct_attention_output_corrected_overlapping_is_rejected(other):
+    # `corrected` over the input `out`, or the other output `global_lse` inside `corrected`.
     W, B, H, D = 2, 2, 4, 8
     out = torch.randn(B, H, D)
     lses = torch.randn(W, B, H)
-    corrected = out.view(W, B, H // W, D)
-    with pytest.raises(ValueError, match="corrected must not share memory with out"):
-        dsa_ext.correct_attention_output(out, lses, 0, corrected=corrected)
+    corrected = out.view(W, B, H // W, D) if other == "out" else torch.empty(W, B, H // W, D)
+    global_lse = corrected.view(-1)[:B * H].view(B, H) if other == "global_lse" else None
+    with pytest.raises(ValueError, match=f"corrected must not share memory with {other}"):
+        dsa_ext.correct_attention_output(out, lses, 0, corrected=corrected,
+                                         global_lse=global_lse)
+
+
+def _c128a(decode, decode_lens, prefill, token_to_req=None):
+    """build_c128a_topk_metadata of 4 tokens (2 decode), width 8, into the buffers given."""
+    T, Td, ratio, bs, width = 4, 2, 4, 16, 8
+    positions = torch.arange(T, dtype=torch.int64) * 3 + 20
+    if token_to_req is None:
+        token_to_req = torch.zeros(T, dtype=torch.int32)
+    block_table = torch.arange(8, dtype=torch.int32).view(1, 8)
+    slot_mapping = torch.arange(T, dtype=torch.int64)
+    return dsa_ext.build_c128a_topk_metadata(positions, ratio, Td, token_to_req, block_table,
+                                             bs, slot_mapping, decode, decode_lens, prefill,
+                                             width)
 
 
 def test_c128a_decode_lens_buffer_over_token_to_req_is_rejected():
-    T, Td, ratio, bs, width = 4, 2, 4, 16, 8
-    positions = torch.arange(T, dtype=torch.int64) * 3 + 20
-    token_to_req = torch.zeros(T, dtype=torch.int32)
-    block_table = torch.arange(8, dtype=torch.int32).view(1, 8)
-    slot_mapping = torch.arange(T, dtype=torch.int64)
-    decode = torch.zeros((T, width), dtype=torch.int32)
-    prefill = torch.zeros((T, width), dtype=torch.int32)
+    token_to_req = torch.zeros(4, dtype=torch.int32)
     with pytest.raises(ValueError,
                        match="decode_lens_buffer must not share memory with token_to_req"):
-        dsa_ext.build_c128a_topk_metadata(positions, ratio, Td, token_to_req, block_table, bs,
-                                          slot_mapping, decode, token_to_req, prefill, width)
+        _c128a(torch.zeros((4, 8), dtype=torch.int32), token_to_req,
+               torch.zeros((4, 8), dtype=torch.int32), token_to_req)
 
 
 def test_topk_per_row_out_over_the_lengths_names_them():
@@ -188,24 +199,7 @@ def test_prefill_chunk_bounds_ks_and_ke_sharing_a_buffer_are_rejected():
 
 
 def test_c128a_decode_and_prefill_buffers_overlapping_are_rejected():
-    T, Td, ratio, bs, width = 4, 2, 4, 16, 8
-    positions = torch.arange(T, dtype=torch.int64) * 3 + 20
-    token_to_req = torch.zeros(T, dtype=torch.int32)
-    block_table = torch.arange(8, dtype=torch.int32).view(1, 8)
-    slot_mapping = torch.arange(T, dtype=torch.int64)
-    both = torch.zeros((T + 1, width), dtype=torch.int32)
-    lens = torch.zeros(T, dtype=torch.int32)
+    both = torch.zeros((5, 8), dtype=torch.int32)
     with pytest.raises(ValueError,
                        match="decode_buffer must not share memory with prefill_buffer"):
-        dsa_ext.build_c128a_topk_metadata(positions, ratio, Td, token_to_req, block_table, bs,
-                                          slot_mapping, both[:T], lens, both[1:], width)
-
-
-def test_correct_attention_output_global_lse_inside_corrected_is_rejected():
-    W, B, H, D = 2, 2, 4, 8
-    out = torch.randn(B, H, D)
-    lses = torch.randn(W, B, H)
-    corrected = torch.empty(W, B, H // W, D)
-    with pytest.raises(ValueError, match="corrected must not share memory with global_lse"):
-        dsa_ext.correct_attention_output(out, lses, 0, corrected=corrected,
-                                         global_lse=corrected.view(-1)[:B * H].view(B, H))
+        _c128a(both[:4], torch.zeros(4, dtype=torch.int32), both[1:])
