@@ -47,7 +47,10 @@
 //   the bitmaps (kSegmentColumns; streamed plans only) is marked and counted one segment
 //   at a time, unless every key equal to the threshold is selected (distinct scores): then
 //   nothing tells a taken tie from a key above it, and the two bitmaps are one of twice
-//   the columns, marked once (H200, 256 x 128K: 61.6 -> 58.1 us).
+//   the columns, marked once (H200, 256 x 128K: 61.6 -> 58.1 us). In the fp32 capturing
+//   64-register builds such a merged slice's listed keys take their positions themselves
+//   (list_positions: a prefix per bitmap word plus the bits below), not by a walk of each
+//   word's bits.
 // - sorted: once the cluster has written the ids, CTA 0 rebuilds their 64-bit selection
 //   ranks, sorts them (bitonic, shared memory) and rewrites the row.
 #pragma once
