@@ -603,18 +603,20 @@ def test_resident_register_builds(plan):
 
 @pytest.mark.cuda
 def test_streamed_capture_register_builds():
-    # More one-CTA rows than fit at one CTA per SM run the 64-register build, where a
-    # merged slice (two bitmap segments, every tie taken) positions its ids from the list
-    # (list_positions); the ids, the sorted rewrite and the DCP candidates against the CPU.
+    # More CTAs than fit at one CTA per SM run the 64-register build: a merged slice (plan
+    # 101, two bitmap segments, every tie taken) positions its ids from the list
+    # (list_positions), one-segment slices (plan 102, 64K) visit their bitmap words. The
+    # ids, ragged windows, the sorted rewrite and the DCP candidates against the CPU.
     x = capture_rows(131072, torch.float32, 7).repeat(20, 1)  # 160 rows: past 148 SMs
     starts = (torch.arange(160, dtype=I32) % 5) * 3
-    with forced_topk_plan(101):
-        for k in (1, 2048, 4096):
-            run_both(torch.device("cuda"), x, k)
-        run_both(torch.device("cuda"), x, 2048, row_starts=starts,
-                 row_ends=torch.full((160,), 131072, dtype=I32) - starts)
-        run_both(torch.device("cuda"), x, 2048, sorted=True)
-        candidates_both(torch.device("cuda"), x, 2048, 1, 4, 2)
+    ends = torch.full((160,), 131072, dtype=I32) - starts
+    for plan in (101, 102):
+        with forced_topk_plan(plan):
+            for k in (1, 2048, 4096):
+                run_both(torch.device("cuda"), x, k)
+            run_both(torch.device("cuda"), x, 2048, row_starts=starts, row_ends=ends)
+            run_both(torch.device("cuda"), x, 2048, sorted=True)
+            candidates_both(torch.device("cuda"), x, 2048, 1, 4, 2)
 
 
 @pytest.mark.cuda
