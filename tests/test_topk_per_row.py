@@ -319,7 +319,7 @@ def test_cuda_graph_replay_with_new_inputs_and_no_sync(sorted_):
 
 def test_plan_override_takes_only_built_plans():
     from dsa_ext import _C
-    for code in (0, 17, 100, 117):
+    for code in (0, 17, 100, 117, 200, 217):
         with pytest.raises(ValueError, match=f"got {code}"):
             _C.set_topk_plan_override(code)
 
@@ -328,23 +328,27 @@ def test_plan_override_takes_only_built_plans():
 def test_plans_by_shape():
     from dsa_ext import _C
     plan = lambda rows, L: tuple(_C.topk_per_row_plan(rows, L, 0))  # noqa: E731
-    assert plan(1, 32768) == (8, 4096, 1, 0)
-    assert plan(64, 32768) == (2, 16384, 1, 0)
-    assert plan(256, 32768) == (1, 32768, 0, 0)  # past one wave: streamed
+    # (cluster, slice, resident, short rows, registers): resident slices of at most 16K
+    # columns whose clusters run at once take the register kernel.
+    assert plan(1, 32768) == (8, 4096, 1, 0, 1)
+    assert plan(64, 32768) == (2, 16384, 1, 0, 1)
+    assert plan(256, 32768) == (1, 32768, 0, 0, 0)  # past one wave: streamed
     # 16 rows of 128K: the most CTAs a row (at most 8) whose 16 clusters run at once at one
     # CTA per SM; a GPC holds whole clusters, so how many fit depends on the chip (the
     # thirty-fourth session's H100s: 15 clusters of 8, 17 of 6).
-    cluster, slice_, resident, short = plan(16, 131072)
+    cluster, slice_, resident, short, registers = plan(16, 131072)
     fits = lambda c: _C.topk_whole_sm_clusters(0, c)  # noqa: E731
     assert (slice_, resident, short) == ((131072 + cluster - 1) // cluster, 1, 0)
+    assert registers == (slice_ <= 16384)
     assert 16 <= fits(cluster) or cluster == 3  # 3: the fewest whose slices stay resident
     assert cluster == 8 or fits(cluster + 1) < 16
-    assert plan(8, 131072) == (8, 16384, 1, 0) or fits(8) < 8  # (15 of 8 fit an H100)
-    assert plan(64, 131072) == (2, 65536, 0, 0)  # past one CTA's shared memory: streamed
-    assert plan(128, 131072) == (2, 65536, 0, 0)  # one wave of two CTAs per row
-    assert plan(256, 131072) == (1, 131072, 0, 0)  # one wave of one, not two of two
-    assert plan(512, 131072) == (1, 131072, 0, 0)
-    assert plan(1, 1 << 20) == (8, 131072, 0, 0)
+    assert plan(8, 131072) == (8, 16384, 1, 0, 1) or fits(8) < 8  # (15 of 8 fit an H100)
+    assert plan(1, 65536) == (8, 8192, 1, 0, 1)
+    assert plan(64, 131072) == (2, 65536, 0, 0, 0)  # past one CTA's shared memory: streamed
+    assert plan(128, 131072) == (2, 65536, 0, 0, 0)  # one wave of two CTAs per row
+    assert plan(256, 131072) == (1, 131072, 0, 0, 0)  # one wave of one, not two of two
+    assert plan(512, 131072) == (1, 131072, 0, 0, 0)
+    assert plan(1, 1 << 20) == (8, 131072, 0, 0, 0)
     # Rows of at most 8192 columns: the short-row kernel (unsorted ids).
     assert plan(100000, 100)[3] == 1
     assert plan(64, 8192)[3] == 1 and plan(64, 8193)[3] == 0
@@ -450,7 +454,7 @@ def test_short_row_slots_power_of_two_blocks(L):
             slots_both(cuda, x, k, req, table, 64, counts=False, ids=ids, **kw)
 
 
-PLANS = [1, 2, 3, 5, 6, 8, 16, 101, 104, 108]
+PLANS = [1, 2, 3, 5, 6, 8, 16, 101, 104, 108, 201, 203, 208, 216]
 
 
 @pytest.mark.cuda
@@ -579,6 +583,29 @@ def test_resident_collect_paths(L, plan):
         slots_both(torch.device("cuda"), x, 500, req, table, 64, compact=True)
         slots_both(torch.device("cuda"), x, 500, req, table, 64, counts=False)
         candidates_both(torch.device("cuda"), x, 500, 1, 4, 2)
+
+
+@pytest.mark.cuda
+# Each width of the register kernel (512 threads x 8 and x 16 keys, 1024 x 16), full and
+# partial slices, clusters of 1 to 16.
+@pytest.mark.parametrize("L, plan", [(32768, 208), (4000, 201), (4099, 201), (65536, 208),
+                                     (16389, 202), (131072, 208), (33000, 203), (131072, 216)])
+def test_register_kernel_paths(L, plan):
+    from dsa_ext import _C
+    x = resident_rows(L, L + plan)
+    starts = torch.arange(4, dtype=I32) * 5 + 1
+    lengths = torch.tensor([L, L - 7, 2048, 1], dtype=I32)
+    with forced_topk_plan(plan):
+        assert _C.topk_per_row_plan(4, L, 0)[4] == 1
+        for dtype in (torch.float32, torch.bfloat16):
+            for k in (1, 500, 2048, 4096):
+                run_both(torch.device("cuda"), x.to(dtype), k)
+                run_both(torch.device("cuda"), x.to(dtype), k, lengths=lengths)
+                run_both(torch.device("cuda"), x.to(dtype), k, row_starts=starts,
+                         row_ends=torch.full((4,), L, dtype=I32) - starts)
+            run_both(torch.device("cuda"), x.to(dtype), 2048, sorted=True)  # cluster kernel
+        candidates_both(torch.device("cuda"), x, 500, 1, 4, 2)
+        candidates_both(torch.device("cuda"), x, 2048, 0, 2, 1)
 
 
 @pytest.mark.cuda
@@ -837,7 +864,7 @@ def test_candidates_random_cases_cpu(case):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("plan", [-1, 2, 16, 108])
+@pytest.mark.parametrize("plan", [-1, 2, 16, 108, 202])
 @given(case=candidates_cases(max_cols=20000))
 def test_candidates_every_plan_matches_reference(plan, case):
     with forced_topk_plan(plan):

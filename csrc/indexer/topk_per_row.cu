@@ -20,7 +20,8 @@ TopkPlan topk_plan(int64_t rows, int64_t cols, int64_t device) {
   if (forced > 0) {
     plan.cluster = forced % 100;
     plan.slice = (cols + plan.cluster - 1) / plan.cluster;
-    plan.resident = forced < 100 && plan.slice <= kSliceOneCta;
+    plan.resident = (forced < 100 || forced > 200) && plan.slice <= kSliceOneCta;
+    plan.registers = forced > 200 && plan.slice <= kRegisterSlice;
     return plan;
   }
   plan.short_rows = cols <= kShortColumns;
@@ -65,24 +66,28 @@ TopkPlan topk_plan(int64_t rows, int64_t cols, int64_t device) {
   }
   plan.cluster = static_cast<int>(c);
   plan.slice = (cols + c - 1) / c;
+  plan.registers = !plan.short_rows && plan.resident && plan.slice <= kRegisterSlice &&
+                   rows <= whole_sm_clusters(device, plan.cluster);
   return plan;
 }
 
 void set_topk_plan_override(int64_t code) {
   const bool resident_code = code >= 1 && code <= kMaxCluster;
   const bool streamed_code = code >= 101 && code <= 100 + kMaxCluster;
-  if (code != -1 && !resident_code && !streamed_code) {
+  const bool register_code = code >= 201 && code <= 200 + kMaxCluster;
+  if (code != -1 && !resident_code && !streamed_code && !register_code) {
     throw std::invalid_argument(
-        "set_topk_plan_override: code must be -1, 1..16 or 101..116, got " +
+        "set_topk_plan_override: code must be -1, 1..16, 101..116 or 201..216, got " +
         std::to_string(code));
   }
   g_plan_override.store(static_cast<int>(code), std::memory_order_relaxed);
 }
 
-std::array<int64_t, 4> topk_per_row_plan(int64_t rows, int64_t cols, int64_t device) {
+std::array<int64_t, 5> topk_per_row_plan(int64_t rows, int64_t cols, int64_t device) {
   DeviceGuard guard(device);
   const TopkPlan plan = topk_plan(rows, cols, device);
-  return {plan.cluster, plan.slice, plan.resident ? 1 : 0, plan.short_rows ? 1 : 0};
+  return {plan.cluster, plan.slice, plan.resident ? 1 : 0, plan.short_rows ? 1 : 0,
+          plan.registers ? 1 : 0};
 }
 
 int whole_sm_clusters(int64_t device, int cluster) {

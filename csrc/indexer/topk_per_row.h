@@ -106,6 +106,10 @@ struct TopkPlan {
   //! Rows this short take the short-row kernel instead (one CTA per row, the keys in
   //! registers), for every sink; the cluster plan above serves sorted ids.
   bool short_rows = false;
+  //! Resident slices of at most kRegisterSlice columns whose clusters run at once at one
+  //! CTA per SM take the register kernel (the keys in registers), for ids and DCP
+  //! candidates; the cluster kernel serves sorted ids and slots.
+  bool registers = false;
 };
 
 //! The plan for `rows` rows of at most `cols` columns on CUDA device `device` (keys take 4
@@ -125,14 +129,16 @@ inline bool short_row_kernel_serves(const TopkPerRowArgs& a, const TopkPlan& pla
 
 /*!
  * \brief Tests and tuning: code < 0 lets topk_plan choose (the default); 1..16 forces
- *        that many CTAs per row (resident where the slices fit, else streamed); 100 + n
- *        forces n CTAs per row, streamed. A forced plan never takes the short-row kernel.
- *        Any other code throws std::invalid_argument.
+ *        that many CTAs per row in the cluster kernel (resident where the slices fit, else
+ *        streamed); 100 + n forces n CTAs per row, streamed; 200 + n forces n CTAs per row
+ *        in the register kernel where the slices fit it (else as n). A forced plan never
+ *        takes the short-row kernel. Any other code throws std::invalid_argument.
  */
 void set_topk_plan_override(int64_t code);
 
-//! The plan for a shape on CUDA device `device`: (cluster, slice, resident, short_rows).
-std::array<int64_t, 4> topk_per_row_plan(int64_t rows, int64_t cols, int64_t device);
+//! The plan for a shape on CUDA device `device`: (cluster, slice, resident, short_rows,
+//! registers).
+std::array<int64_t, 5> topk_per_row_plan(int64_t rows, int64_t cols, int64_t device);
 
 void topk_per_row_cpu(const TopkPerRowArgs& args);
 void topk_per_row_cuda(const TopkPerRowArgs& args, const Place& place);

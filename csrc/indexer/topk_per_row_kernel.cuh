@@ -125,6 +125,10 @@ constexpr int64_t kStreamedPerSm = 2;
 //! H200, 256 x 128K in two waves of 64K-column slices, about 40 us a wave, of which about
 //! 17 us is the stream (256 KB a CTA at the copy bandwidth).
 constexpr int64_t kWaveTailColumns = 65536;
+//! The register kernel (topk_register_kernel): resident slices of at most kRegisterSlice
+//! columns, their keys in registers, at most kRegisterItems a thread.
+constexpr int kRegisterItems = 16;
+constexpr int64_t kRegisterSlice = int64_t{1024} * kRegisterItems;
 //! A CTA's selected ids are staged in its histograms' shared memory, in output order, when
 //! there are at most this many of them.
 constexpr int64_t kStagedSlots = 4096;
@@ -368,9 +372,10 @@ __device__ __forceinline__ void load_and_count(const Bits* src, uint32_t n, uint
  *        histogram is complete (after a block barrier); the cluster barrier that follows
  *        publishes the sums.
  */
+template <int kBlockWarps = kWarps>
 __device__ __forceinline__ void sum_groups(const uint32_t* hist, int bins, uint32_t* groups) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  for (int g = warp; g < bins / kGroupBins; g += kWarps) {
+  for (int g = warp; g < bins / kGroupBins; g += kBlockWarps) {
     const uint2 q = reinterpret_cast<const uint2*>(hist + g * kGroupBins)[lane];
     const uint32_t sum = warp_sum(q.x + q.y);
     if (lane == 0) groups[g] = sum;
@@ -1831,6 +1836,166 @@ __global__ void __launch_bounds__(kBlock, kShortBlockThreads / kBlock)  // 64 re
   }
 }
 
+/*!
+ * \brief Resident slices of at most kBlock * kItems columns with their keys in registers
+ *        (column j * kBlock + i of the slice in item j of thread i): the cluster kernel's
+ *        passes (11-bit digits, find_digit over the cluster), then each selected column's
+ *        output position straight from ballots and a scan of the 32-column run counts, as
+ *        in the short-row kernel. No candidate list, bitmaps or staging: the passes count
+ *        every key of the slice, so the selected columns of the CTAs before this one are
+ *        find_digit's counts (kBefore), and a pass over a slice is a few compares per
+ *        thread. The decode shapes of one wave, whose time is mostly the cluster kernel's
+ *        walks and barriers after the load. One CTA per SM (kBlock * kItems <= 16 K keys:
+ *        64 registers a thread at 1024 threads, 128 at 512). Sinks: ids (unsorted) and DCP
+ *        candidate keys.
+ */
+template <typename Bits, int kBlock, int kItems, typename Sink>
+__global__ void __launch_bounds__(kBlock, 1)
+    topk_register_kernel(const TopkPerRowArgs a, const Sink sink, int cluster) {
+  constexpr bool kPacked = std::is_same<Sink, PackCandidatesArgs>::value;
+  static_assert(kPacked || std::is_same<Sink, IdsSink>::value, "ids or candidate keys");
+  constexpr int kBlockWarps = kBlock / 32;
+  constexpr int kRuns = kItems * kBlockWarps;  // run j * kBlockWarps + w: item j of warp w
+  static_assert(kRuns % 32 == 0, "warp 0 scans the run counts, the same number per lane");
+  static_assert(int64_t{kBlock} * kItems <= kRegisterSlice, "the plan's bound");
+  __shared__ SharedState s;
+  __shared__ uint32_t runs[kRuns];  // run counts (ties << 16 | above), then their prefix
+  for (int i = threadIdx.x; i < 2 * kBins; i += kBlock) (&s.hist[0][0])[i] = 0;
+  if (threadIdx.x == 0) s.gt_before = 0, s.eq_before = 0;
+  await_previous_kernel();
+
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int64_t row = blockIdx.x / cluster;
+  const int rank = static_cast<int>(blockIdx.x - row * cluster);
+  const RowWindow w = row_window(a, row);
+  const int64_t per = static_cast<uint32_t>(w.count + cluster - 1) / static_cast<uint32_t>(cluster);
+  const int64_t lo = rank * per < w.count ? rank * per : w.count;
+  const int64_t hi = lo + per < w.count ? lo + per : w.count;
+  const int32_t n = static_cast<int32_t>(hi - lo);  // <= kBlock * kItems (topk_plan)
+  const int64_t k = a.k;
+  const int64_t taken = w.count < k ? w.count : k;
+  const auto column = [&](int j) { return j * kBlock + static_cast<int32_t>(threadIdx.x); };
+
+  // The sink's row: put(position, id) writes one selected id, fill(position) a position
+  // past the selected.
+  int32_t* ids = nullptr;
+  uint64_t* keys_out = nullptr;
+  int64_t stride = 0, pack_start = 0;
+  if constexpr (kPacked) {
+    keys_out = sink.out.row(row), stride = sink.out.col_stride;
+    pack_start = pack_row_start(sink, row);
+  } else {
+    ids = a.out.row(row), stride = a.out.col_stride;
+  }
+  auto put = [&](int64_t pos, int32_t id) {
+    if constexpr (kPacked) {
+      keys_out[pos * stride] = pack_candidate(sink, row, pack_start, id);
+    } else {
+      ids[pos * stride] = id;
+    }
+  };
+  auto fill = [&](int64_t pos) {
+    if constexpr (kPacked) {
+      keys_out[pos * stride] = kInvalidCandidateKey;
+    } else {
+      ids[pos * stride] = -1;
+    }
+  };
+
+  if (w.count <= k) {  // the whole window: every CTA's columns at their own positions
+    for (int32_t c = threadIdx.x; c < n; c += kBlock) {
+      put(lo + c, static_cast<int32_t>(lo + c));
+    }
+  } else {
+    uint32_t key[kItems];
+    const Bits* src = static_cast<const Bits*>(a.logits) + row * a.row_stride + w.start + lo;
+#pragma unroll
+    for (int j = 0; j < kItems; ++j) key[j] = column(j) < n ? score_key(__ldcs(src + column(j))) : 0u;
+    const uint32_t hist0 = shared_address(s.hist[0]), hist1 = shared_address(s.hist[1]);
+#pragma unroll
+    for (int j = 0; j < kItems; ++j) {
+      if (column(j) < n) shared_increment(first_digit_bin(hist0, key[j]));
+    }
+    // The selection: keys with high_bits(key, shift) > threshold, and the first `remaining`
+    // (column order) of those equal to it.
+    uint32_t prefix = 0, remaining = static_cast<uint32_t>(taken);
+    int shift = 32;
+    for (int pass = 0; pass < 3; ++pass) {
+      const int digit_shift = pass_shift(pass), bins = pass_bins(pass);
+      if (pass > 0) {
+        const int decided = digit_shift + (pass == 1 ? 11 : 10);
+        const uint32_t want = high_bits(prefix, decided);
+#pragma unroll
+        for (int j = 0; j < kItems; ++j) {
+          if (column(j) < n && high_bits(key[j], decided) == want) {
+            shared_increment((pass & 1 ? hist1 : hist0) +
+                             ((key[j] >> digit_shift) & (bins - 1)) * 4u);
+          }
+        }
+      }
+      __syncthreads();
+      sum_groups<kBlockWarps>(s.hist[pass & 1], bins, s.groups[pass & 1]);
+      cluster_barrier(cluster);  // every CTA's histogram of this pass is complete
+      find_digit<true>(s, s.hist[pass & 1], s.groups[pass & 1], bins, cluster, rank, remaining);
+      if (pass == 1) {  // pass 2 reuses pass 0's buffer: every CTA has read it by now
+        for (int i = threadIdx.x; i < kBins; i += kBlock) s.hist[0][i] = 0;
+      }
+      __syncthreads();
+      if (threadIdx.x == 0) s.gt_before += s.above_before, s.eq_before = s.in_bin_before;
+      prefix |= s.digit << digit_shift;
+      remaining -= s.above;
+      shift = digit_shift;
+      // s.digit is rewritten only after the next pass's barriers.
+      if (s.in_bin == remaining) break;  // the whole bin is taken: nothing to refine
+      // A bf16 key's low 16 bits follow from its high ones (see the cluster kernel).
+      if (sizeof(Bits) == 2 && pass == 1) break;
+    }
+    // No other CTA's shared memory is read after the last pass.
+    if (cluster > 1) cg::this_cluster().barrier_arrive();
+    const uint32_t threshold = high_bits(prefix, shift);
+    const auto above = [&](int j) { return column(j) < n && high_bits(key[j], shift) > threshold; };
+    const auto equal = [&](int j) { return column(j) < n && high_bits(key[j], shift) == threshold; };
+#pragma unroll
+    for (int j = 0; j < kItems; ++j) {
+      const uint32_t na = __popc(__ballot_sync(0xffffffffu, above(j)));
+      const uint32_t ne = __popc(__ballot_sync(0xffffffffu, equal(j)));
+      if (lane == 0) runs[j * kBlockWarps + warp] = (ne << 16) | na;  // each total < 2^16
+    }
+    __syncthreads();
+    if (warp == 0) {  // exclusive scan of the runs in column order, kRuns / 32 per lane
+      constexpr int kPerLane = kRuns / 32;
+      uint32_t v[kPerLane], sum = 0;
+#pragma unroll
+      for (int r = 0; r < kPerLane; ++r) v[r] = runs[lane * kPerLane + r], sum += v[r];
+      uint32_t acc = warp_inclusive_sum(sum) - sum;
+#pragma unroll
+      for (int r = 0; r < kPerLane; ++r) runs[lane * kPerLane + r] = acc, acc += v[r];
+    }
+    __syncthreads();
+    // A selected column's position: the selected columns before it in the row, those above
+    // the threshold and the ties taken (the first `remaining` in column order).
+    const uint32_t gt_before = s.gt_before, eq_before = s.eq_before;
+    const unsigned lanes_below = (1u << lane) - 1u;
+#pragma unroll
+    for (int j = 0; j < kItems; ++j) {
+      const bool is_above = above(j), is_equal = equal(j);
+      const unsigned ba = __ballot_sync(0xffffffffu, is_above);
+      const unsigned be = __ballot_sync(0xffffffffu, is_equal);
+      const uint32_t before = runs[j * kBlockWarps + warp];
+      const uint32_t gt = gt_before + (before & 0xffffu) + __popc(ba & lanes_below);
+      const uint32_t eq = eq_before + (before >> 16) + __popc(be & lanes_below);
+      if (is_above || (is_equal && eq < remaining)) {
+        put(static_cast<int64_t>(gt) + (eq < remaining ? eq : remaining),
+            static_cast<int32_t>(lo + column(j)));
+      }
+    }
+  }
+  for (int64_t j = taken + rank * kBlock + threadIdx.x; j < k; j += int64_t{cluster} * kBlock) {
+    fill(j);
+  }
+  if (w.count > k && cluster > 1) cg::this_cluster().barrier_wait();
+}
+
 //! Lets a cluster kernel of this file take the largest shared memory a launch asks for and
 //! clusters past the portable 8 (on the current device; inside a capture too).
 template <typename Kernel>
@@ -1943,6 +2108,39 @@ void launch_plan(const TopkPerRowArgs& a, const Sink& sink, const TopkPlan& plan
   launch<Bits, false, Sink, kPow2>(a, sink, plan, place);
 }
 
+//! The register kernel of the plan's slice (topk_register_kernel): 512 threads of 128
+//! registers up to 8 K columns, 1024 of 64 up to 16 K.
+template <typename Bits, typename Sink>
+void launch_registers(const TopkPerRowArgs& a, const Sink& sink, const TopkPlan& plan,
+                      const Place& place) {
+  const int64_t grid_ctas = a.rows * plan.cluster;
+  if (grid_ctas > kMaxGridX) {
+    throw std::invalid_argument("topk_per_row: rows * cluster must be < 2^31, got " +
+                                std::to_string(a.rows) + " * " + std::to_string(plan.cluster));
+  }
+  auto run = [&](auto* kernel, int block) {
+    if (plan.cluster > 8) {  // forced plans only (set_topk_plan_override)
+      const ScopedRelaxedCapture setup_may_run_inside_a_capture;
+      throw_on_cuda_error(
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1),
+          "topk_per_row cluster attribute");
+    }
+    launch_clustered_kernel(kernel, static_cast<unsigned>(grid_ctas), block, plan.cluster, 0,
+                            place.cuda_stream(), "topk_per_row kernel launch", a, sink,
+                            plan.cluster);
+  };
+  if (plan.slice <= 512 * 8) return run(topk_register_kernel<Bits, 512, 8, Sink>, 512);
+  if (plan.slice <= 512 * 16) return run(topk_register_kernel<Bits, 512, 16, Sink>, 512);
+  run(topk_register_kernel<Bits, 1024, 16, Sink>, 1024);
+}
+
+//! Whether the register kernel runs these arguments under `plan` (sorted ids take the
+//! cluster kernel's rewrite; slots its conversion in batches).
+template <typename Sink>
+bool register_kernel_serves(const TopkPerRowArgs& a, const TopkPlan& plan) {
+  return plan.registers && !a.sorted && !std::is_same<Sink, ConvertIndexArgs>::value;
+}
+
 //! Picks the plan and the kernel for the score type and launches it. kPow2: as
 //! run_short_rows.
 template <typename Sink, bool kPow2 = false>
@@ -1951,6 +2149,14 @@ void run_selection(const TopkPerRowArgs& a, const Sink& sink, const Place& place
   DeviceGuard guard(place.device);
   const TopkPlan plan = topk_plan(a.rows, a.cols, place.device);
   if (short_row_kernel_serves(a, plan)) return run_short_rows<Sink, kPow2>(a, sink, place);
+  if constexpr (!std::is_same<Sink, ConvertIndexArgs>::value) {
+    if (register_kernel_serves<Sink>(a, plan)) {
+      if constexpr (takes_bf16<Sink>()) {
+        if (a.bf16) return launch_registers<uint16_t, Sink>(a, sink, plan, place);
+      }
+      return launch_registers<uint32_t, Sink>(a, sink, plan, place);
+    }
+  }
   if constexpr (takes_bf16<Sink>()) {
     if (a.bf16) return launch_plan<uint16_t, Sink, kPow2>(a, sink, plan, place);
   }
