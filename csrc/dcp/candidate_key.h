@@ -40,14 +40,20 @@ DSA_HD uint64_t key_then_lower_id(uint32_t key, uint32_t id) {
   return (static_cast<uint64_t>(key) << 32) | static_cast<uint64_t>(~id);
 }
 
+//! Key of one candidate from its score's order key (ordered_score_bits) and global id;
+//! outside [0, 2^31) the candidate is invalid (key 0).
+DSA_HD uint64_t encode_ordered_candidate_key(uint32_t ordered, int64_t gid) {
+  if (gid < 0 || gid > INT32_MAX) return kInvalidCandidateKey;
+  return key_then_lower_id(ordered, static_cast<uint32_t>(gid));
+}
+
 /*!
  * \brief Key of one candidate.
  * \param score_bits raw bits of the fp32 score
  * \param gid        global token id; outside [0, 2^31) the candidate is invalid (key 0)
  */
 DSA_HD uint64_t encode_candidate_key(uint32_t score_bits, int64_t gid) {
-  if (gid < 0 || gid > INT32_MAX) return kInvalidCandidateKey;
-  return key_then_lower_id(ordered_score_bits(score_bits), static_cast<uint32_t>(gid));
+  return encode_ordered_candidate_key(ordered_score_bits(score_bits), gid);
 }
 
 //! Global id of a key; -1 for the invalid key.

@@ -35,6 +35,11 @@ struct PackCandidatesArgs {
  * local + row_start is clamped to [0, cols - 1], so no id reads out of bounds
  * (with cols == 0 nothing can be read and every candidate is invalid).
  */
+//! Global id of rank-local id `local` (>= 0) on this rank.
+DSA_HD int64_t candidate_gid(const PackCandidatesArgs& a, int32_t local) {
+  return a.dcp.world == 1 ? local : a.dcp.global(local, a.rank);
+}
+
 DSA_HD uint64_t pack_candidate(const PackCandidatesArgs& a, int64_t row, int64_t row_start,
                                int32_t local) {
   // No early return: on the GPU the score load is a predicated instruction, issued as
@@ -43,7 +48,7 @@ DSA_HD uint64_t pack_candidate(const PackCandidatesArgs& a, int64_t row, int64_t
   int64_t col = static_cast<int64_t>(local) + row_start;
   col = col < 0 ? 0 : (col >= a.logits.cols ? a.logits.cols - 1 : col);
   const uint32_t bits = token ? load_read_only(&a.logits(row, col)) : 0u;
-  const int64_t gid = !token ? -1 : (a.dcp.world == 1 ? local : a.dcp.global(local, a.rank));
+  const int64_t gid = !token ? -1 : candidate_gid(a, local);
   return encode_candidate_key(bits, gid);  // gid -1: the invalid key
 }
 

@@ -1837,29 +1837,55 @@ __global__ void __launch_bounds__(kBlock, kShortBlockThreads / kBlock)  // 64 re
 }
 
 /*!
- * \brief Resident slices of at most kBlock * kItems columns with their keys in registers
- *        (column j * kBlock + i of the slice in item j of thread i): the cluster kernel's
- *        passes (11-bit digits, find_digit over the cluster), then each selected column's
- *        output position straight from ballots and a scan of the 32-column run counts, as
- *        in the short-row kernel. No candidate list, bitmaps or staging: the passes count
- *        every key of the slice, so the selected columns of the CTAs before this one are
- *        find_digit's counts (kBefore), and a pass over a slice is a few compares per
- *        thread. The decode shapes of one wave, whose time is mostly the cluster kernel's
- *        walks and barriers after the load. One CTA per SM (kBlock * kItems <= 16 K keys:
- *        64 registers a thread at 1024 threads, 128 at 512). Sinks: ids (unsorted) and DCP
- *        candidate keys.
+ * \brief Thread i's keys of a slice of `n` columns at `src`: the columns [first, first +
+ *        kItems), first = i * kItems (0 past the slice), in 16-byte loads where the slice
+ *        is aligned.
+ */
+template <typename Bits, int kItems>
+__device__ __forceinline__ void load_thread_keys(const Bits* src, int32_t n, int32_t first,
+                                                 uint32_t (&key)[kItems]) {
+  constexpr int kPerVector = 16 / sizeof(Bits);
+  static_assert(kItems % kPerVector == 0, "a thread's keys are whole vectors");
+  if (reinterpret_cast<uintptr_t>(src) % 16 == 0 && first + kItems <= n) {
+    const uint4* vectors = reinterpret_cast<const uint4*>(src + first);
+    uint4 v[kItems / kPerVector];
+#pragma unroll
+    for (int u = 0; u < kItems / kPerVector; ++u) v[u] = __ldcs(vectors + u);
+#pragma unroll
+    for (int u = 0; u < kItems / kPerVector; ++u) {
+      const Bits* lanes = reinterpret_cast<const Bits*>(&v[u]);
+#pragma unroll
+      for (int e = 0; e < kPerVector; ++e) key[u * kPerVector + e] = score_key(lanes[e]);
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < kItems; ++j) key[j] = first + j < n ? score_key(__ldcs(src + first + j)) : 0u;
+  }
+}
+
+/*!
+ * \brief Resident slices of at most kBlock * kItems columns with their keys in registers,
+ *        thread i holding the slice's columns [i * kItems, (i + 1) * kItems): the cluster
+ *        kernel's passes (11-bit digits, find_digit over the cluster) over the registers,
+ *        then each selected column's output position from the thread's counts and one
+ *        block scan. No candidate list, bitmaps or staging: the passes count every key of
+ *        the slice, so the selected columns of the CTAs before this one are find_digit's
+ *        counts (kBefore). Slices are whole 16-byte vectors long (but the row's last), so
+ *        an aligned row loads in vectors. One CTA per SM. Sinks: ids (unsorted) and DCP
+ *        candidate keys (made from the registers' keys where the sink reads the columns
+ *        the selection did).
  */
 template <typename Bits, int kBlock, int kItems, typename Sink>
 __global__ void __launch_bounds__(kBlock, 1)
     topk_register_kernel(const TopkPerRowArgs a, const Sink sink, int cluster) {
   constexpr bool kPacked = std::is_same<Sink, PackCandidatesArgs>::value;
   static_assert(kPacked || std::is_same<Sink, IdsSink>::value, "ids or candidate keys");
+  static_assert(!kPacked || sizeof(Bits) == 4, "candidate keys come from fp32 logits");
   constexpr int kBlockWarps = kBlock / 32;
-  constexpr int kRuns = kItems * kBlockWarps;  // run j * kBlockWarps + w: item j of warp w
-  static_assert(kRuns % 32 == 0, "warp 0 scans the run counts, the same number per lane");
+  constexpr int64_t kAlign = 16 / sizeof(Bits);  // columns of a 16-byte vector
   static_assert(int64_t{kBlock} * kItems <= kRegisterSlice, "the plan's bound");
   __shared__ SharedState s;
-  __shared__ uint32_t runs[kRuns];  // run counts (ties << 16 | above), then their prefix
+  __shared__ uint32_t warp_counts[kBlockWarps];
   for (int i = threadIdx.x; i < 2 * kBins; i += kBlock) (&s.hist[0][0])[i] = 0;
   if (threadIdx.x == 0) s.gt_before = 0, s.eq_before = 0;
   await_previous_kernel();
@@ -1868,53 +1894,60 @@ __global__ void __launch_bounds__(kBlock, 1)
   const int64_t row = blockIdx.x / cluster;
   const int rank = static_cast<int>(blockIdx.x - row * cluster);
   const RowWindow w = row_window(a, row);
-  const int64_t per = static_cast<uint32_t>(w.count + cluster - 1) / static_cast<uint32_t>(cluster);
+  // 32-bit divisions: a row has fewer than 2^31 columns.
+  int64_t per = static_cast<uint32_t>(w.count + cluster - 1) / static_cast<uint32_t>(cluster);
+  per = (per + kAlign - 1) / kAlign * kAlign;  // <= kBlock * kItems (launch_registers)
   const int64_t lo = rank * per < w.count ? rank * per : w.count;
   const int64_t hi = lo + per < w.count ? lo + per : w.count;
-  const int32_t n = static_cast<int32_t>(hi - lo);  // <= kBlock * kItems (topk_plan)
+  const int32_t n = static_cast<int32_t>(hi - lo);
   const int64_t k = a.k;
   const int64_t taken = w.count < k ? w.count : k;
-  const auto column = [&](int j) { return j * kBlock + static_cast<int32_t>(threadIdx.x); };
+  const int32_t first = static_cast<int32_t>(threadIdx.x) * kItems;  // this thread's columns
 
-  // The sink's row: put(position, id) writes one selected id, fill(position) a position
-  // past the selected.
+  // The sink's row: put(position, slice column, key) writes one selected column.
   int32_t* ids = nullptr;
   uint64_t* keys_out = nullptr;
-  int64_t stride = 0, pack_start = 0;
+  int64_t stride = 0;
+  bool keys_from_registers = false;
+  int64_t pack_start = 0;
   if constexpr (kPacked) {
     keys_out = sink.out.row(row), stride = sink.out.col_stride;
     pack_start = pack_row_start(sink, row);
+    // The sink reads column id + its row start: the column the key came from unless the
+    // window's start was clamped.
+    keys_from_registers = pack_start == w.start;
   } else {
     ids = a.out.row(row), stride = a.out.col_stride;
   }
-  auto put = [&](int64_t pos, int32_t id) {
+  auto put = [&](int64_t pos, int32_t column, uint32_t key) {
+    const int32_t id = static_cast<int32_t>(lo + column);
     if constexpr (kPacked) {
-      keys_out[pos * stride] = pack_candidate(sink, row, pack_start, id);
+      keys_out[pos * stride] = keys_from_registers
+                                   ? encode_ordered_candidate_key(key, candidate_gid(sink, id))
+                                   : pack_candidate(sink, row, pack_start, id);
     } else {
       ids[pos * stride] = id;
-    }
-  };
-  auto fill = [&](int64_t pos) {
-    if constexpr (kPacked) {
-      keys_out[pos * stride] = kInvalidCandidateKey;
-    } else {
-      ids[pos * stride] = -1;
     }
   };
 
   if (w.count <= k) {  // the whole window: every CTA's columns at their own positions
     for (int32_t c = threadIdx.x; c < n; c += kBlock) {
-      put(lo + c, static_cast<int32_t>(lo + c));
+      if constexpr (kPacked) {
+        keys_out[(lo + c) * stride] = pack_candidate(sink, row, pack_start, static_cast<int32_t>(lo + c));
+      } else {
+        ids[(lo + c) * stride] = static_cast<int32_t>(lo + c);
+      }
     }
   } else {
     uint32_t key[kItems];
-    const Bits* src = static_cast<const Bits*>(a.logits) + row * a.row_stride + w.start + lo;
-#pragma unroll
-    for (int j = 0; j < kItems; ++j) key[j] = column(j) < n ? score_key(__ldcs(src + column(j))) : 0u;
+    load_thread_keys<Bits, kItems>(static_cast<const Bits*>(a.logits) + row * a.row_stride +
+                                       w.start + lo,
+                                   n, first, key);
+    __syncthreads();  // the histograms are cleared
     const uint32_t hist0 = shared_address(s.hist[0]), hist1 = shared_address(s.hist[1]);
 #pragma unroll
     for (int j = 0; j < kItems; ++j) {
-      if (column(j) < n) shared_increment(first_digit_bin(hist0, key[j]));
+      if (first + j < n) shared_increment(first_digit_bin(hist0, key[j]));
     }
     // The selection: keys with high_bits(key, shift) > threshold, and the first `remaining`
     // (column order) of those equal to it.
@@ -1925,11 +1958,11 @@ __global__ void __launch_bounds__(kBlock, 1)
       if (pass > 0) {
         const int decided = digit_shift + (pass == 1 ? 11 : 10);
         const uint32_t want = high_bits(prefix, decided);
+        const uint32_t hist = pass & 1 ? hist1 : hist0;
 #pragma unroll
         for (int j = 0; j < kItems; ++j) {
-          if (column(j) < n && high_bits(key[j], decided) == want) {
-            shared_increment((pass & 1 ? hist1 : hist0) +
-                             ((key[j] >> digit_shift) & (bins - 1)) * 4u);
+          if (first + j < n && high_bits(key[j], decided) == want) {
+            shared_increment(hist + ((key[j] >> digit_shift) & (bins - 1)) * 4u);
           }
         }
       }
@@ -1952,46 +1985,43 @@ __global__ void __launch_bounds__(kBlock, 1)
     }
     // No other CTA's shared memory is read after the last pass.
     if (cluster > 1) cg::this_cluster().barrier_arrive();
+    // Output positions: the selected columns before each, those above the threshold and
+    // the ties taken (the first `remaining` in column order). This thread's counts (ties
+    // << 16 | above: each total < 2^16), scanned over the CTA in thread order.
     const uint32_t threshold = high_bits(prefix, shift);
-    const auto above = [&](int j) { return column(j) < n && high_bits(key[j], shift) > threshold; };
-    const auto equal = [&](int j) { return column(j) < n && high_bits(key[j], shift) == threshold; };
+    uint32_t mine = 0;
 #pragma unroll
     for (int j = 0; j < kItems; ++j) {
-      const uint32_t na = __popc(__ballot_sync(0xffffffffu, above(j)));
-      const uint32_t ne = __popc(__ballot_sync(0xffffffffu, equal(j)));
-      if (lane == 0) runs[j * kBlockWarps + warp] = (ne << 16) | na;  // each total < 2^16
+      const uint32_t h = high_bits(key[j], shift);
+      if (first + j < n && h >= threshold) mine += h > threshold ? 1u : 1u << 16;
     }
+    const uint32_t incl = warp_inclusive_sum_u32(mine);
+    if (lane == 31) warp_counts[warp] = incl;
     __syncthreads();
-    if (warp == 0) {  // exclusive scan of the runs in column order, kRuns / 32 per lane
-      constexpr int kPerLane = kRuns / 32;
-      uint32_t v[kPerLane], sum = 0;
-#pragma unroll
-      for (int r = 0; r < kPerLane; ++r) v[r] = runs[lane * kPerLane + r], sum += v[r];
-      uint32_t acc = warp_inclusive_sum(sum) - sum;
-#pragma unroll
-      for (int r = 0; r < kPerLane; ++r) runs[lane * kPerLane + r] = acc, acc += v[r];
-    }
-    __syncthreads();
-    // A selected column's position: the selected columns before it in the row, those above
-    // the threshold and the ties taken (the first `remaining` in column order).
-    const uint32_t gt_before = s.gt_before, eq_before = s.eq_before;
-    const unsigned lanes_below = (1u << lane) - 1u;
+    uint32_t warps_before = lane < warp ? warp_counts[lane] : 0u;
+    warps_before = warp_sum(warps_before);
+    const uint32_t before = warps_before + incl - mine;
+    uint32_t gt = s.gt_before + (before & 0xffffu), eq = s.eq_before + (before >> 16);
 #pragma unroll
     for (int j = 0; j < kItems; ++j) {
-      const bool is_above = above(j), is_equal = equal(j);
-      const unsigned ba = __ballot_sync(0xffffffffu, is_above);
-      const unsigned be = __ballot_sync(0xffffffffu, is_equal);
-      const uint32_t before = runs[j * kBlockWarps + warp];
-      const uint32_t gt = gt_before + (before & 0xffffu) + __popc(ba & lanes_below);
-      const uint32_t eq = eq_before + (before >> 16) + __popc(be & lanes_below);
-      if (is_above || (is_equal && eq < remaining)) {
-        put(static_cast<int64_t>(gt) + (eq < remaining ? eq : remaining),
-            static_cast<int32_t>(lo + column(j)));
+      const uint32_t h = high_bits(key[j], shift);
+      if (first + j < n && h >= threshold) {
+        if (h > threshold) {
+          put(static_cast<int64_t>(gt) + (eq < remaining ? eq : remaining), first + j, key[j]);
+          ++gt;
+        } else {
+          if (eq < remaining) put(static_cast<int64_t>(gt) + eq, first + j, key[j]);
+          ++eq;
+        }
       }
     }
   }
   for (int64_t j = taken + rank * kBlock + threadIdx.x; j < k; j += int64_t{cluster} * kBlock) {
-    fill(j);
+    if constexpr (kPacked) {
+      keys_out[j * stride] = kInvalidCandidateKey;
+    } else {
+      ids[j * stride] = -1;
+    }
   }
   if (w.count > k && cluster > 1) cg::this_cluster().barrier_wait();
 }
@@ -2129,8 +2159,10 @@ void launch_registers(const TopkPerRowArgs& a, const Sink& sink, const TopkPlan&
                             place.cuda_stream(), "topk_per_row kernel launch", a, sink,
                             plan.cluster);
   };
-  if (plan.slice <= 512 * 8) return run(topk_register_kernel<Bits, 512, 8, Sink>, 512);
-  if (plan.slice <= 512 * 16) return run(topk_register_kernel<Bits, 512, 16, Sink>, 512);
+  // The kernel's slices are whole 16-byte vectors long: up to 8 columns longer.
+  const int64_t slice = (plan.slice + 7) / 8 * 8;
+  if (slice <= 512 * 8) return run(topk_register_kernel<Bits, 512, 8, Sink>, 512);
+  if (slice <= 512 * 16) return run(topk_register_kernel<Bits, 512, 16, Sink>, 512);
   run(topk_register_kernel<Bits, 1024, 16, Sink>, 1024);
 }
 
