@@ -328,10 +328,11 @@ def test_plan_override_takes_only_built_plans():
 def test_plans_by_shape():
     from dsa_ext import _C
     plan = lambda rows, L: tuple(_C.topk_per_row_plan(rows, L, 0))  # noqa: E731
-    # (cluster, slice, resident, short rows, registers): resident slices of at most 16K
+    # (cluster, slice, resident, short rows, registers): resident slices of at most 4096
     # columns whose clusters run at once take the register kernel.
     assert plan(1, 32768) == (8, 4096, 1, 0, 1)
-    assert plan(64, 32768) == (2, 16384, 1, 0, 1)
+    assert plan(8, 16384) == (8, 2048, 1, 0, 1)
+    assert plan(64, 32768) == (2, 16384, 1, 0, 0)
     assert plan(256, 32768) == (1, 32768, 0, 0, 0)  # past one wave: streamed
     # 16 rows of 128K: the most CTAs a row (at most 8) whose 16 clusters run at once at one
     # CTA per SM; a GPC holds whole clusters, so how many fit depends on the chip (the
@@ -339,11 +340,11 @@ def test_plans_by_shape():
     cluster, slice_, resident, short, registers = plan(16, 131072)
     fits = lambda c: _C.topk_whole_sm_clusters(0, c)  # noqa: E731
     assert (slice_, resident, short) == ((131072 + cluster - 1) // cluster, 1, 0)
-    assert registers == (slice_ <= 16384)
+    assert registers == 0
     assert 16 <= fits(cluster) or cluster == 3  # 3: the fewest whose slices stay resident
     assert cluster == 8 or fits(cluster + 1) < 16
-    assert plan(8, 131072) == (8, 16384, 1, 0, 1) or fits(8) < 8  # (15 of 8 fit an H100)
-    assert plan(1, 65536) == (8, 8192, 1, 0, 1)
+    assert plan(8, 131072) == (8, 16384, 1, 0, 0) or fits(8) < 8  # (15 of 8 fit an H100)
+    assert plan(1, 65536) == (8, 8192, 1, 0, 0)
     assert plan(64, 131072) == (2, 65536, 0, 0, 0)  # past one CTA's shared memory: streamed
     assert plan(128, 131072) == (2, 65536, 0, 0, 0)  # one wave of two CTAs per row
     assert plan(256, 131072) == (1, 131072, 0, 0, 0)  # one wave of one, not two of two
@@ -454,7 +455,7 @@ def test_short_row_slots_power_of_two_blocks(L):
             slots_both(cuda, x, k, req, table, 64, counts=False, ids=ids, **kw)
 
 
-PLANS = [1, 2, 3, 5, 6, 8, 16, 101, 104, 108, 201, 203, 208, 216]
+PLANS = [1, 2, 3, 5, 6, 8, 16, 101, 104, 108, 201, 205, 208, 216]
 
 
 @pytest.mark.cuda
@@ -586,10 +587,10 @@ def test_resident_collect_paths(L, plan):
 
 
 @pytest.mark.cuda
-# Each width of the register kernel (512 threads x 8 and x 16 keys, 1024 x 16), full and
-# partial slices, clusters of 1 to 16.
-@pytest.mark.parametrize("L, plan", [(32768, 208), (4000, 201), (4099, 201), (65536, 208),
-                                     (16389, 202), (131072, 208), (33000, 203), (131072, 216)])
+# The register kernel: full and partial slices (their ends past the row's), clusters of 1
+# to 16.
+@pytest.mark.parametrize("L, plan", [(32768, 208), (4000, 201), (4096, 201), (2050, 201),
+                                     (16389, 205), (33000, 209), (65536, 216)])
 def test_register_kernel_paths(L, plan):
     from dsa_ext import _C
     x = resident_rows(L, L + plan)
@@ -864,7 +865,7 @@ def test_candidates_random_cases_cpu(case):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("plan", [-1, 2, 16, 108, 202])
+@pytest.mark.parametrize("plan", [-1, 2, 16, 108, 205])
 @given(case=candidates_cases(max_cols=20000))
 def test_candidates_every_plan_matches_reference(plan, case):
     with forced_topk_plan(plan):

@@ -126,9 +126,13 @@ constexpr int64_t kStreamedPerSm = 2;
 //! 17 us is the stream (256 KB a CTA at the copy bandwidth).
 constexpr int64_t kWaveTailColumns = 65536;
 //! The register kernel (topk_register_kernel): resident slices of at most kRegisterSlice
-//! columns, their keys in registers, at most kRegisterItems a thread.
-constexpr int kRegisterItems = 16;
-constexpr int64_t kRegisterSlice = int64_t{1024} * kRegisterItems;
+//! columns, their keys in registers, kRegisterItems a thread of kRegisterThreads. Longer
+//! slices lost to the cluster kernel (H100, graph us, k = 2048, one build: 8K-column slices
+//! of 512 x 16 keys level, 1 x 64K 12.29 -> 12.20; 16K of 1024 x 16 slower, 64 x 32K
+//! 14.82 -> 16.53, 1 x 128K 11.77 -> 12.50).
+constexpr int kRegisterThreads = 512;
+constexpr int kRegisterItems = 8;
+constexpr int64_t kRegisterSlice = int64_t{kRegisterThreads} * kRegisterItems;
 //! A CTA's selected ids are staged in its histograms' shared memory, in output order, when
 //! there are at most this many of them.
 constexpr int64_t kStagedSlots = 4096;
@@ -1864,26 +1868,28 @@ __device__ __forceinline__ void load_thread_keys(const Bits* src, int32_t n, int
 }
 
 /*!
- * \brief Resident slices of at most kBlock * kItems columns with their keys in registers,
+ * \brief Resident slices of at most kRegisterSlice columns with their keys in registers,
  *        thread i holding the slice's columns [i * kItems, (i + 1) * kItems): the cluster
  *        kernel's passes (11-bit digits, find_digit over the cluster) over the registers,
  *        then each selected column's output position from the thread's counts and one
  *        block scan. No candidate list, bitmaps or staging: the passes count every key of
  *        the slice, so the selected columns of the CTAs before this one are find_digit's
- *        counts (kBefore). Slices are whole 16-byte vectors long (but the row's last), so
- *        an aligned row loads in vectors. One CTA per SM. Sinks: ids (unsorted) and DCP
- *        candidate keys (made from the registers' keys where the sink reads the columns
- *        the selection did).
+ *        counts (kBefore). The few-row decode shapes, whose time in the cluster kernel is
+ *        mostly its walks and barriers after the load (H100, graph us, k = 2048, one
+ *        build: 1 x 32K 9.59 -> 8.08, 8 x 32K 11.52 -> 9.96). Slices are whole 16-byte
+ *        vectors long (but the row's last), so an aligned row loads in vectors. One CTA
+ *        per SM. Sinks: ids (unsorted) and DCP candidate keys (made from the registers'
+ *        keys where the sink reads the columns the selection did).
  */
-template <typename Bits, int kBlock, int kItems, typename Sink>
-__global__ void __launch_bounds__(kBlock, 1)
+template <typename Bits, typename Sink>
+__global__ void __launch_bounds__(kRegisterThreads, 1)
     topk_register_kernel(const TopkPerRowArgs a, const Sink sink, int cluster) {
+  constexpr int kBlock = kRegisterThreads, kItems = kRegisterItems;
   constexpr bool kPacked = std::is_same<Sink, PackCandidatesArgs>::value;
   static_assert(kPacked || std::is_same<Sink, IdsSink>::value, "ids or candidate keys");
   static_assert(!kPacked || sizeof(Bits) == 4, "candidate keys come from fp32 logits");
   constexpr int kBlockWarps = kBlock / 32;
   constexpr int64_t kAlign = 16 / sizeof(Bits);  // columns of a 16-byte vector
-  static_assert(int64_t{kBlock} * kItems <= kRegisterSlice, "the plan's bound");
   __shared__ SharedState s;
   __shared__ uint32_t warp_counts[kBlockWarps];
   for (int i = threadIdx.x; i < 2 * kBins; i += kBlock) (&s.hist[0][0])[i] = 0;
@@ -1896,7 +1902,7 @@ __global__ void __launch_bounds__(kBlock, 1)
   const RowWindow w = row_window(a, row);
   // 32-bit divisions: a row has fewer than 2^31 columns.
   int64_t per = static_cast<uint32_t>(w.count + cluster - 1) / static_cast<uint32_t>(cluster);
-  per = (per + kAlign - 1) / kAlign * kAlign;  // <= kBlock * kItems (launch_registers)
+  per = (per + kAlign - 1) / kAlign * kAlign;  // <= kRegisterSlice: topk_plan's slice <= it
   const int64_t lo = rank * per < w.count ? rank * per : w.count;
   const int64_t hi = lo + per < w.count ? lo + per : w.count;
   const int32_t n = static_cast<int32_t>(hi - lo);
@@ -2138,32 +2144,25 @@ void launch_plan(const TopkPerRowArgs& a, const Sink& sink, const TopkPlan& plan
   launch<Bits, false, Sink, kPow2>(a, sink, plan, place);
 }
 
-//! The register kernel of the plan's slice (topk_register_kernel): 512 threads of 128
-//! registers up to 8 K columns, 1024 of 64 up to 16 K.
+//! The register kernel (topk_register_kernel) of the plan.
 template <typename Bits, typename Sink>
 void launch_registers(const TopkPerRowArgs& a, const Sink& sink, const TopkPlan& plan,
                       const Place& place) {
+  auto* kernel = topk_register_kernel<Bits, Sink>;
   const int64_t grid_ctas = a.rows * plan.cluster;
   if (grid_ctas > kMaxGridX) {
     throw std::invalid_argument("topk_per_row: rows * cluster must be < 2^31, got " +
                                 std::to_string(a.rows) + " * " + std::to_string(plan.cluster));
   }
-  auto run = [&](auto* kernel, int block) {
-    if (plan.cluster > 8) {  // forced plans only (set_topk_plan_override)
-      const ScopedRelaxedCapture setup_may_run_inside_a_capture;
-      throw_on_cuda_error(
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1),
-          "topk_per_row cluster attribute");
-    }
-    launch_clustered_kernel(kernel, static_cast<unsigned>(grid_ctas), block, plan.cluster, 0,
-                            place.cuda_stream(), "topk_per_row kernel launch", a, sink,
-                            plan.cluster);
-  };
-  // The kernel's slices are whole 16-byte vectors long: up to 8 columns longer.
-  const int64_t slice = (plan.slice + 7) / 8 * 8;
-  if (slice <= 512 * 8) return run(topk_register_kernel<Bits, 512, 8, Sink>, 512);
-  if (slice <= 512 * 16) return run(topk_register_kernel<Bits, 512, 16, Sink>, 512);
-  run(topk_register_kernel<Bits, 1024, 16, Sink>, 1024);
+  if (plan.cluster > 8) {  // forced plans only (set_topk_plan_override)
+    const ScopedRelaxedCapture setup_may_run_inside_a_capture;
+    throw_on_cuda_error(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1),
+        "topk_per_row cluster attribute");
+  }
+  launch_clustered_kernel(kernel, static_cast<unsigned>(grid_ctas), kRegisterThreads,
+                          plan.cluster, 0, place.cuda_stream(), "topk_per_row kernel launch",
+                          a, sink, plan.cluster);
 }
 
 //! Whether the register kernel runs these arguments under `plan` (sorted ids take the
