@@ -28,6 +28,11 @@ struct PackCandidatesArgs {
   int32_t rank = 0;
 };
 
+//! Global id of rank-local id `local` (>= 0) on this rank.
+DSA_HD int64_t candidate_gid(const PackCandidatesArgs& a, int32_t local) {
+  return a.dcp.world == 1 ? local : a.dcp.global(local, a.rank);
+}
+
 /*!
  * \brief Key of the candidate with rank-local id `local` in row `row`.
  *
@@ -35,11 +40,6 @@ struct PackCandidatesArgs {
  * local + row_start is clamped to [0, cols - 1], so no id reads out of bounds
  * (with cols == 0 nothing can be read and every candidate is invalid).
  */
-//! Global id of rank-local id `local` (>= 0) on this rank.
-DSA_HD int64_t candidate_gid(const PackCandidatesArgs& a, int32_t local) {
-  return a.dcp.world == 1 ? local : a.dcp.global(local, a.rank);
-}
-
 DSA_HD uint64_t pack_candidate(const PackCandidatesArgs& a, int64_t row, int64_t row_start,
                                int32_t local) {
   // No early return: on the GPU the score load is a predicated instruction, issued as

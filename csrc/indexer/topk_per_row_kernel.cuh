@@ -53,6 +53,11 @@
 //   word's bits.
 // - sorted: once the cluster has written the ids, CTA 0 rebuilds their 64-bit selection
 //   ranks, sorts them (bitonic, shared memory) and rewrites the row.
+//
+// Two kernels beside it: rows of at most kShortColumns take topk_short_rows_kernel (one CTA
+// a row, keys in registers, 8-bit digits), and resident slices of at most kRegisterSlice
+// columns take topk_register_kernel (the same passes over keys in registers, positions from
+// a block scan of each thread's counts: no list, bitmaps or staging).
 #pragma once
 
 #include <cooperative_groups.h>
