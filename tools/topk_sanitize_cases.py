@@ -3,7 +3,8 @@ and streamed clusters, one and several bitmap segments, randn, uniform and 16-va
 more ids per CTA than the ids kernel stages), each compared with the CPU, then streamed plans
 on logits another stream rewrites meanwhile (every store must stay in its row), for
 compute-sanitizer (memcheck, racecheck, synccheck); the default plan runs rows of at most 8192
-columns on the short-row kernel:
+columns on the short-row kernel, and plans 208 / 216 (with the default's 2 x 20000) the
+register kernel:
 
     compute-sanitizer --tool racecheck python tools/topk_sanitize_cases.py
 
@@ -36,7 +37,7 @@ def check(ok: bool, *what) -> None:
         print("mismatch:", *what, flush=True)
 
 
-for plan in (-1, 1, 2, 3, 8, 101, 102, 108):
+for plan in (-1, 1, 2, 3, 8, 101, 102, 108, 208, 216):
     _C.set_topk_plan_override(plan)
     for x in cases:
         for k, srt in ((2048, False), (512, True)):
