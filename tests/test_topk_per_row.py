@@ -328,23 +328,25 @@ def test_plan_override_takes_only_built_plans():
 def test_plans_by_shape():
     from dsa_ext import _C
     plan = lambda rows, L: tuple(_C.topk_per_row_plan(rows, L, 0))  # noqa: E731
-    # (cluster, slice, resident, short rows, registers): resident slices of at most 4096
-    # columns whose clusters run at once take the register kernel.
-    assert plan(1, 32768) == (8, 4096, 1, 0, 1)
-    assert plan(8, 16384) == (8, 2048, 1, 0, 1)
+    # (cluster, slice, resident, short rows, register kernel's CTAs a row): resident slices
+    # of at most 4096 columns whose clusters run at once take the register kernel, at 16
+    # CTAs a row where 8 give longer slices.
+    fits = lambda c: _C.topk_whole_sm_clusters(0, c)  # noqa: E731
+    assert plan(1, 32768) == (8, 4096, 1, 0, 8)
+    assert plan(8, 16384) == (8, 2048, 1, 0, 8)
+    assert plan(1, 65536) == (8, 8192, 1, 0, 16 if fits(16) >= 1 else 0)
+    assert plan(2, 50000) == (8, 6250, 1, 0, 16 if fits(16) >= 2 else 0)
+    assert plan(1, 65537)[4] == 0  # 4097 columns a CTA at 16
     assert plan(64, 32768) == (2, 16384, 1, 0, 0)
     assert plan(256, 32768) == (1, 32768, 0, 0, 0)  # past one wave: streamed
     # 16 rows of 128K: the most CTAs a row (at most 8) whose 16 clusters run at once at one
     # CTA per SM; a GPC holds whole clusters, so how many fit depends on the chip (the
     # thirty-fourth session's H100s: 15 clusters of 8, 17 of 6).
     cluster, slice_, resident, short, registers = plan(16, 131072)
-    fits = lambda c: _C.topk_whole_sm_clusters(0, c)  # noqa: E731
-    assert (slice_, resident, short) == ((131072 + cluster - 1) // cluster, 1, 0)
-    assert registers == 0
+    assert (slice_, resident, short, registers) == ((131072 + cluster - 1) // cluster, 1, 0, 0)
     assert 16 <= fits(cluster) or cluster == 3  # 3: the fewest whose slices stay resident
     assert cluster == 8 or fits(cluster + 1) < 16
     assert plan(8, 131072) == (8, 16384, 1, 0, 0) or fits(8) < 8  # (15 of 8 fit an H100)
-    assert plan(1, 65536) == (8, 8192, 1, 0, 0)
     assert plan(64, 131072) == (2, 65536, 0, 0, 0)  # past one CTA's shared memory: streamed
     assert plan(128, 131072) == (2, 65536, 0, 0, 0)  # one wave of two CTAs per row
     assert plan(256, 131072) == (1, 131072, 0, 0, 0)  # one wave of one, not two of two
@@ -588,16 +590,18 @@ def test_resident_collect_paths(L, plan):
 
 @pytest.mark.cuda
 # The register kernel: full and partial slices (their ends past the row's), clusters of 1
-# to 16.
+# to 16 (-1: the default plan's 16 CTAs a row).
 @pytest.mark.parametrize("L, plan", [(32768, 208), (4000, 201), (4096, 201), (2050, 201),
-                                     (16389, 205), (33000, 209), (65536, 216)])
+                                     (16389, 205), (33000, 209), (65536, 216), (60001, -1)])
 def test_register_kernel_paths(L, plan):
     from dsa_ext import _C
     x = resident_rows(L, L + plan)
     starts = torch.arange(4, dtype=I32) * 5 + 1
     lengths = torch.tensor([L, L - 7, 2048, 1], dtype=I32)
+    if plan < 0 and _C.topk_whole_sm_clusters(0, 16) < 4:
+        pytest.skip("4 clusters of 16 do not fit this device at once")
     with forced_topk_plan(plan):
-        assert _C.topk_per_row_plan(4, L, 0)[4] == 1
+        assert _C.topk_per_row_plan(4, L, 0)[4] == (plan - 200 if plan > 0 else 16)
         for dtype in (torch.float32, torch.bfloat16):
             for k in (1, 500, 2048, 4096):
                 run_both(torch.device("cuda"), x.to(dtype), k)

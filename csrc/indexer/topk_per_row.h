@@ -106,10 +106,11 @@ struct TopkPlan {
   //! Rows this short take the short-row kernel instead (one CTA per row, the keys in
   //! registers), for every sink; the cluster plan above serves sorted ids.
   bool short_rows = false;
-  //! Resident slices of at most kRegisterSlice columns whose clusters run at once at one
-  //! CTA per SM take the register kernel (the keys in registers), for ids and DCP
-  //! candidates; the cluster kernel serves sorted ids and slots.
-  bool registers = false;
+  //! CTAs a row of the register kernel (the keys in registers), which takes ids and DCP
+  //! candidates where this is not 0: resident slices of at most kRegisterSlice columns
+  //! whose clusters run at once at one CTA per SM. The cluster kernel (`cluster`) serves
+  //! sorted ids and slots.
+  int register_cluster = 0;
 };
 
 //! The plan for `rows` rows of at most `cols` columns on CUDA device `device` (keys take 4
@@ -137,7 +138,7 @@ inline bool short_row_kernel_serves(const TopkPerRowArgs& a, const TopkPlan& pla
 void set_topk_plan_override(int64_t code);
 
 //! The plan for a shape on CUDA device `device`: (cluster, slice, resident, short_rows,
-//! registers).
+//! register_cluster).
 std::array<int64_t, 5> topk_per_row_plan(int64_t rows, int64_t cols, int64_t device);
 
 void topk_per_row_cpu(const TopkPerRowArgs& args);

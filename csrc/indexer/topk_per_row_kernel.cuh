@@ -2149,32 +2149,33 @@ void launch_plan(const TopkPerRowArgs& a, const Sink& sink, const TopkPlan& plan
   launch<Bits, false, Sink, kPow2>(a, sink, plan, place);
 }
 
-//! The register kernel (topk_register_kernel) of the plan.
+//! The register kernel (topk_register_kernel) of the plan, plan.register_cluster CTAs a row.
 template <typename Bits, typename Sink>
 void launch_registers(const TopkPerRowArgs& a, const Sink& sink, const TopkPlan& plan,
                       const Place& place) {
   auto* kernel = topk_register_kernel<Bits, Sink>;
-  const int64_t grid_ctas = a.rows * plan.cluster;
+  const int cluster = plan.register_cluster;
+  const int64_t grid_ctas = a.rows * cluster;
   if (grid_ctas > kMaxGridX) {
     throw std::invalid_argument("topk_per_row: rows * cluster must be < 2^31, got " +
-                                std::to_string(a.rows) + " * " + std::to_string(plan.cluster));
+                                std::to_string(a.rows) + " * " + std::to_string(cluster));
   }
-  if (plan.cluster > 8) {  // forced plans only (set_topk_plan_override)
+  if (cluster > 8) {  // past the portable cluster size
     const ScopedRelaxedCapture setup_may_run_inside_a_capture;
     throw_on_cuda_error(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1),
         "topk_per_row cluster attribute");
   }
-  launch_clustered_kernel(kernel, static_cast<unsigned>(grid_ctas), kRegisterThreads,
-                          plan.cluster, 0, place.cuda_stream(), "topk_per_row kernel launch",
-                          a, sink, plan.cluster);
+  launch_clustered_kernel(kernel, static_cast<unsigned>(grid_ctas), kRegisterThreads, cluster,
+                          0, place.cuda_stream(), "topk_per_row kernel launch", a, sink,
+                          cluster);
 }
 
 //! Whether the register kernel runs these arguments under `plan` (sorted ids take the
 //! cluster kernel's rewrite; slots its conversion in batches).
 template <typename Sink>
 bool register_kernel_serves(const TopkPerRowArgs& a, const TopkPlan& plan) {
-  return plan.registers && !a.sorted && !std::is_same<Sink, ConvertIndexArgs>::value;
+  return plan.register_cluster > 0 && !a.sorted && !std::is_same<Sink, ConvertIndexArgs>::value;
 }
 
 //! Picks the plan and the kernel for the score type and launches it. kPow2: as
