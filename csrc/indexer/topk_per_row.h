@@ -107,9 +107,9 @@ struct TopkPlan {
   //! registers), for every sink; the cluster plan above serves sorted ids.
   bool short_rows = false;
   //! CTAs a row of the register kernel (the keys in registers), which takes ids and DCP
-  //! candidates where this is not 0: resident slices of at most kRegisterSlice columns
-  //! whose clusters run at once at one CTA per SM. The cluster kernel (`cluster`) serves
-  //! sorted ids and slots.
+  //! candidates where this is not 0 (register_kernel_serves): resident slices of at most
+  //! kRegisterSlice columns whose clusters run at once at one CTA per SM. The cluster
+  //! kernel (`cluster`) serves sorted ids and slots.
   int register_cluster = 0;
 };
 

@@ -2172,10 +2172,14 @@ void launch_registers(const TopkPerRowArgs& a, const Sink& sink, const TopkPlan&
 }
 
 //! Whether the register kernel runs these arguments under `plan` (sorted ids take the
-//! cluster kernel's rewrite; slots its conversion in batches).
+//! cluster kernel's rewrite; slots its conversion in batches). DCP candidates keep the
+//! cluster kernel where the register kernel takes more CTAs a row than the plan (H100,
+//! graph us, 8 CTAs against 16: 1 x 64K 12.70 against 13.10, 4 x 64K 10.78 / 10.59).
 template <typename Sink>
 bool register_kernel_serves(const TopkPerRowArgs& a, const TopkPlan& plan) {
-  return plan.register_cluster > 0 && !a.sorted && !std::is_same<Sink, ConvertIndexArgs>::value;
+  constexpr bool kPacked = std::is_same<Sink, PackCandidatesArgs>::value;
+  return plan.register_cluster > 0 && !a.sorted && !std::is_same<Sink, ConvertIndexArgs>::value &&
+         !(kPacked && plan.register_cluster > plan.cluster);
 }
 
 //! Picks the plan and the kernel for the score type and launches it. kPow2: as
