@@ -1868,7 +1868,9 @@ __device__ __forceinline__ void load_thread_keys(const Bits* src, int32_t n, int
     }
   } else {
 #pragma unroll
-    for (int j = 0; j < kItems; ++j) key[j] = first + j < n ? score_key(__ldcs(src + first + j)) : 0u;
+    for (int j = 0; j < kItems; ++j) {
+      key[j] = first + j < n ? score_key(__ldcs(src + first + j)) : 0u;
+    }
   }
 }
 
@@ -1907,7 +1909,7 @@ __global__ void __launch_bounds__(kRegisterThreads, 1)
   const RowWindow w = row_window(a, row);
   // 32-bit divisions: a row has fewer than 2^31 columns.
   int64_t per = static_cast<uint32_t>(w.count + cluster - 1) / static_cast<uint32_t>(cluster);
-  per = (per + kAlign - 1) / kAlign * kAlign;  // <= kRegisterSlice: topk_plan's slice <= it
+  per = (per + kAlign - 1) / kAlign * kAlign;  // <= kRegisterSlice (topk_plan's register_cluster)
   const int64_t lo = rank * per < w.count ? rank * per : w.count;
   const int64_t hi = lo + per < w.count ? lo + per : w.count;
   const int32_t n = static_cast<int32_t>(hi - lo);
@@ -1944,7 +1946,8 @@ __global__ void __launch_bounds__(kRegisterThreads, 1)
   if (w.count <= k) {  // the whole window: every CTA's columns at their own positions
     for (int32_t c = threadIdx.x; c < n; c += kBlock) {
       if constexpr (kPacked) {
-        keys_out[(lo + c) * stride] = pack_candidate(sink, row, pack_start, static_cast<int32_t>(lo + c));
+        keys_out[(lo + c) * stride] =
+            pack_candidate(sink, row, pack_start, static_cast<int32_t>(lo + c));
       } else {
         ids[(lo + c) * stride] = static_cast<int32_t>(lo + c);
       }
