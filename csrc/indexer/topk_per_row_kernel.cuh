@@ -381,10 +381,9 @@ __device__ __forceinline__ void load_and_count(const Bits* src, uint32_t n, uint
  *        histogram is complete (after a block barrier); the cluster barrier that follows
  *        publishes the sums.
  */
-template <int kBlockWarps = kWarps>
 __device__ __forceinline__ void sum_groups(const uint32_t* hist, int bins, uint32_t* groups) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  for (int g = warp; g < bins / kGroupBins; g += kBlockWarps) {
+  for (int g = warp; g < bins / kGroupBins; g += kWarps) {
     const uint2 q = reinterpret_cast<const uint2*>(hist + g * kGroupBins)[lane];
     const uint32_t sum = warp_sum(q.x + q.y);
     if (lane == 0) groups[g] = sum;
@@ -1874,6 +1873,13 @@ __device__ __forceinline__ void load_thread_keys(const Bits* src, int32_t n, int
   }
 }
 
+//! The sinks topk_register_kernel writes: ids and DCP candidate keys (slots keep the cluster
+//! kernel, which converts its ids in batches).
+template <typename Sink>
+constexpr bool register_kernel_sink() {
+  return std::is_same<Sink, IdsSink>::value || std::is_same<Sink, PackCandidatesArgs>::value;
+}
+
 /*!
  * \brief Resident slices of at most kRegisterSlice columns with their keys in registers,
  *        thread i holding the slice's columns [i * kItems, (i + 1) * kItems): the cluster
@@ -1893,12 +1899,12 @@ __global__ void __launch_bounds__(kRegisterThreads, 1)
     topk_register_kernel(const TopkPerRowArgs a, const Sink sink, int cluster) {
   constexpr int kBlock = kRegisterThreads, kItems = kRegisterItems;
   constexpr bool kPacked = std::is_same<Sink, PackCandidatesArgs>::value;
-  static_assert(kPacked || std::is_same<Sink, IdsSink>::value, "ids or candidate keys");
+  static_assert(register_kernel_sink<Sink>(), "ids or candidate keys");
   static_assert(!kPacked || sizeof(Bits) == 4, "candidate keys come from fp32 logits");
-  constexpr int kBlockWarps = kBlock / 32;
+  static_assert(kBlock == kThreads, "sum_groups takes the kWarps warps of a CTA");
   constexpr int64_t kAlign = 16 / sizeof(Bits);  // columns of a 16-byte vector
   __shared__ SharedState s;
-  __shared__ uint32_t warp_counts[kBlockWarps];
+  __shared__ uint32_t warp_counts[kWarps];
   for (int i = threadIdx.x; i < 2 * kBins; i += kBlock) (&s.hist[0][0])[i] = 0;
   if (threadIdx.x == 0) s.gt_before = 0, s.eq_before = 0;
   await_previous_kernel();
@@ -1981,7 +1987,7 @@ __global__ void __launch_bounds__(kRegisterThreads, 1)
         }
       }
       __syncthreads();
-      sum_groups<kBlockWarps>(s.hist[pass & 1], bins, s.groups[pass & 1]);
+      sum_groups(s.hist[pass & 1], bins, s.groups[pass & 1]);
       cluster_barrier(cluster);  // every CTA's histogram of this pass is complete
       find_digit<true>(s, s.hist[pass & 1], s.groups[pass & 1], bins, cluster, rank, remaining);
       if (pass == 1) {  // pass 2 reuses pass 0's buffer: every CTA has read it by now
@@ -2001,7 +2007,9 @@ __global__ void __launch_bounds__(kRegisterThreads, 1)
     if (cluster > 1) cg::this_cluster().barrier_arrive();
     // Output positions: the selected columns before each, those above the threshold and
     // the ties taken (the first `remaining` in column order). This thread's counts (ties
-    // << 16 | above: each total < 2^16), scanned over the CTA in thread order.
+    // << 16 | above: each total < 2^16), scanned over the CTA in thread order: one warp
+    // scan, not block_scan2's two and its loop over the warps (H100, graph us, block_scan2
+    // 0.0-0.25 slower: 8 x 32K 10.01-10.06 against 10.19-10.26).
     const uint32_t threshold = high_bits(prefix, shift);
     uint32_t mine = 0;
 #pragma unroll
@@ -2181,7 +2189,7 @@ void launch_registers(const TopkPerRowArgs& a, const Sink& sink, const TopkPlan&
 template <typename Sink>
 bool register_kernel_serves(const TopkPerRowArgs& a, const TopkPlan& plan) {
   constexpr bool kPacked = std::is_same<Sink, PackCandidatesArgs>::value;
-  return plan.register_cluster > 0 && !a.sorted && !std::is_same<Sink, ConvertIndexArgs>::value &&
+  return plan.register_cluster > 0 && !a.sorted && register_kernel_sink<Sink>() &&
          !(kPacked && plan.register_cluster > plan.cluster);
 }
 
@@ -2193,7 +2201,7 @@ void run_selection(const TopkPerRowArgs& a, const Sink& sink, const Place& place
   DeviceGuard guard(place.device);
   const TopkPlan plan = topk_plan(a.rows, a.cols, place.device);
   if (short_row_kernel_serves(a, plan)) return run_short_rows<Sink, kPow2>(a, sink, place);
-  if constexpr (!std::is_same<Sink, ConvertIndexArgs>::value) {
+  if constexpr (register_kernel_sink<Sink>()) {
     if (register_kernel_serves<Sink>(a, plan)) {
       if constexpr (takes_bf16<Sink>()) {
         if (a.bf16) return launch_registers<uint16_t, Sink>(a, sink, plan, place);
