@@ -611,6 +611,29 @@ def test_register_kernel_paths(L, plan):
             run_both(torch.device("cuda"), x.to(dtype), 2048, sorted=True)  # cluster kernel
         candidates_both(torch.device("cuda"), x, 500, 1, 4, 2)
         candidates_both(torch.device("cuda"), x, 2048, 0, 2, 1)
+        # Slots of these selections (the ids, then their conversion in place; at one CTA a
+        # row the cluster kernel's plain slot sink): entries -1 / -2 and a table too narrow
+        # for the rows' last blocks at block size 3 (invalid slots), convert_pow2 (64,
+        # strides 64 and 192) and the general division (3); plain, counted, compacted.
+        g = torch.Generator().manual_seed(L)
+        table = torch.randint(-2, 1 << 16, (3, L // 3 - 5), generator=g, dtype=I32)
+        req = torch.tensor([0, 2, -1, 1], dtype=I32)
+        for bs, stride in ((64, 64), (64, 192), (3, 3)):
+            for dtype in (torch.float32, torch.bfloat16):
+                for k in (500, 2048, 4096):
+                    slots_both(torch.device("cuda"), x.to(dtype), k, req, table, bs,
+                               counts=False, block_stride=stride)
+                slots_both(torch.device("cuda"), x.to(dtype), 2048, req, table, bs,
+                           counts=False, block_stride=stride, lengths=lengths)
+                slots_both(torch.device("cuda"), x.to(dtype), 2048, req, table, bs,
+                           counts=False, block_stride=stride, row_starts=starts,
+                           row_ends=torch.full((4,), L, dtype=I32) - starts)
+            for k in (500, 4096):
+                slots_both(torch.device("cuda"), x, k, req, table, bs, block_stride=stride)
+                slots_both(torch.device("cuda"), x, k, req, table, bs, block_stride=stride,
+                           compact=True)
+                slots_both(torch.device("cuda"), x, k, req, table, bs, block_stride=stride,
+                           compact=True, counts=False, lengths=lengths)
 
 
 @pytest.mark.cuda
@@ -727,7 +750,7 @@ def test_slots_random_cases_cpu(case):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("plan", [-1, 1, 3, 8, 104])
+@pytest.mark.parametrize("plan", [-1, 1, 3, 8, 104, 205])
 @given(case=slots_cases(max_cols=20000), counts=st.booleans())
 def test_slots_every_plan_matches_reference(plan, case, counts):
     x, k, req, table, block_size, kw = case

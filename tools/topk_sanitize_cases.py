@@ -50,6 +50,15 @@ for plan in (-1, 1, 2, 3, 8, 101, 102, 108, 208, 216):
     a = dsa_ext.topk_to_slots(x.cuda(), 2048, req.cuda(), table.cuda(), 64, compact=True)
     b = dsa_ext.topk_to_slots(x, 2048, req, table, 64, compact=True)
     check(torch.equal(a.cpu(), b), "slots", plan)
+    holes = torch.randint(-1, 1 << 16, (4, 400), generator=g, dtype=torch.int32)
+    a = dsa_ext.topk_to_slots(x.cuda(), 2048, req.cuda(), holes.cuda(), 64)
+    check(torch.equal(a.cpu(), dsa_ext.topk_to_slots(x, 2048, req, holes, 64)), "plain slots",
+          plan)
+    a = dsa_ext.topk_to_slots(x.cuda(), 2048, req.cuda(), holes.cuda(), 64, compact=True,
+                              return_valid_counts=True)
+    b = dsa_ext.topk_to_slots(x, 2048, req, holes, 64, compact=True, return_valid_counts=True)
+    check(torch.equal(a[0].cpu(), b[0]) and torch.equal(a[1].cpu(), b[1]), "compacted slots",
+          plan)
     c = dsa_ext.topk_to_candidates(x.cuda(), 2048, 1, 4).cpu()
     check(torch.equal(c, dsa_ext.topk_to_candidates(x, 2048, 1, 4)), "candidates", plan)
 # The 128K-column rows in bf16 (the capture's 64-bit mask) and with unaligned windows (a
