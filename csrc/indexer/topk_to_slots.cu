@@ -18,7 +18,10 @@ void topk_to_slots_cuda(const TopkSlotsArgs& a, const Place& place) {
   // 2048): 64 x 32K 15.9-16.4 / 17.4-17.5, 64 x 128K 27.7-28.1 / 29.1-29.3, 128 x 64K
   // 25.4-25.9 / 26.3-26.4, 64 x 128K bf16 24.3-24.7 / 25.7-25.8. Compacted or counted, and
   // on every other launch, two launches won or tied (thirty-first session: 256 x 32K
-  // compacted 38.5 / 31.6, 1024 x 32K 141 / 118).
+  // compacted 38.5 / 31.6, 1024 x 32K 141 / 118). The register kernel's launches (a few
+  // rows of up to 64K) keep two launches too: converting in that kernel, its thread's
+  // columns gathered while the keys load, was slower (H100, over the ids alone: plain 1.05-
+  // 1.39 against 0.85-1.07 us, compacted with counts 3.2-3.7 against 1.4-1.7).
   const bool fused = short_row_kernel_serves(a.topk, plan) ||
                      (!counted && plan.cluster <= 2 && a.topk.rows * plan.cluster <= sms);
   if (fused) {
