@@ -21,7 +21,7 @@ void topk_to_slots_cuda(const TopkSlotsArgs& a, const Place& place) {
   // compacted 38.5 / 31.6, 1024 x 32K 141 / 118). The register kernel's launches (a few
   // rows of up to 64K) keep two launches too: converting in that kernel, its thread's
   // columns gathered while the keys load, was slower (H100, over the ids alone: plain 1.05-
-  // 1.39 against 0.85-1.07 us, compacted with counts 3.2-3.7 against 1.4-1.7).
+  // 1.39 against 0.64-1.07 us, compacted with counts 3.2-3.7 against 1.2-1.8).
   const bool fused = short_row_kernel_serves(a.topk, plan) ||
                      (!counted && plan.cluster <= 2 && a.topk.rows * plan.cluster <= sms);
   if (fused) {
