@@ -134,7 +134,8 @@ constexpr int64_t kWaveTailColumns = 65536;
 //! columns, their keys in registers, kRegisterItems a thread of kRegisterThreads. Longer
 //! slices lost to the cluster kernel (H100, graph us, k = 2048, one build: 8K-column slices
 //! of 512 x 16 keys level, 1 x 64K 12.29 -> 12.20; 16K of 1024 x 16 slower, 64 x 32K
-//! 14.82 -> 16.53, 1 x 128K 11.77 -> 12.50).
+//! 14.82 -> 16.53, 1 x 128K 11.77 -> 12.50; 16K of 512 x 32, against main's build, 64 x
+//! 32K 14.78 -> 18.17, 1 x 128K 11.74 -> 14.12).
 constexpr int kRegisterThreads = 512;
 constexpr int kRegisterItems = 8;
 constexpr int64_t kRegisterSlice = int64_t{kRegisterThreads} * kRegisterItems;
@@ -2048,17 +2049,47 @@ __global__ void __launch_bounds__(kRegisterThreads, 1)
   if (w.count > k && cluster > 1) cg::this_cluster().barrier_wait();
 }
 
+//! Runs `setup` (a kernel's attributes) once per device: `done` is the caller's own mask
+//! (a launch on another device needs the attributes too).
+template <typename Setup>
+void once_per_device(std::atomic<uint64_t>& done, int64_t device, Setup&& setup) {
+  const uint64_t bit = uint64_t{1} << (device % 64);
+  if ((done.load(std::memory_order_relaxed) & bit) == 0) {
+    setup();
+    done.fetch_or(bit, std::memory_order_relaxed);
+  }
+}
+
+//! Lets a cluster kernel of this file take clusters past the portable 8 (on the current
+//! device; inside a capture too).
+template <typename Kernel>
+void allow_large_clusters(Kernel* kernel) {
+  const ScopedRelaxedCapture setup_may_run_inside_a_capture;
+  throw_on_cuda_error(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1),
+      "topk_per_row cluster attribute");
+}
+
 //! Lets a cluster kernel of this file take the largest shared memory a launch asks for and
 //! clusters past the portable 8 (on the current device; inside a capture too).
 template <typename Kernel>
 void allow_largest_launch(Kernel* kernel) {
-  const ScopedRelaxedCapture setup_may_run_inside_a_capture;
-  throw_on_cuda_error(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxDynamicSmem),
-      "topk_per_row shared memory attribute");
-  throw_on_cuda_error(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1),
-      "topk_per_row cluster attribute");
+  {
+    const ScopedRelaxedCapture setup_may_run_inside_a_capture;
+    throw_on_cuda_error(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             kMaxDynamicSmem),
+                        "topk_per_row shared memory attribute");
+  }
+  allow_large_clusters(kernel);
+}
+
+//! The grid of `rows` clusters of `cluster` CTAs (std::invalid_argument past CUDA's x limit).
+inline unsigned cluster_grid(int64_t rows, int cluster) {
+  if (rows * cluster > kMaxGridX) {
+    throw std::invalid_argument("topk_per_row: rows * cluster must be < 2^31, got " +
+                                std::to_string(rows) + " * " + std::to_string(cluster));
+  }
+  return static_cast<unsigned>(rows * cluster);
 }
 
 template <typename Bits, bool kResident, typename Sink, bool kPow2 = false,
@@ -2076,14 +2107,11 @@ void launch(const TopkPerRowArgs& a, const Sink& sink, const TopkPlan& plan, con
   // us), where the 64-register build runs two CTAs on some SMs (topk_plan now picks fewer
   // CTAs a row there).
   auto* whole_sm = topk_per_row_kernel<Bits, kResident, Sink, 1, kPow2, kAppendFromRegisters>;
-  // Per device: the attributes are set once (a launch on another device needs them too).
   static std::atomic<uint64_t> configured{0};
-  const uint64_t bit = uint64_t{1} << (place.device % 64);
-  if ((configured.load(std::memory_order_relaxed) & bit) == 0) {
+  once_per_device(configured, place.device, [&] {
     allow_largest_launch(kernel);
     allow_largest_launch(whole_sm);
-    configured.fetch_or(bit, std::memory_order_relaxed);
-  }
+  });
   // CTAs of blockIdx.x >= first_wave start after the first wave (prefetch_first_batch):
   // kStreamedPerSm CTAs per SM in the 64-register build, in whole clusters (an estimate: it
   // only decides a prefetch).
@@ -2100,11 +2128,7 @@ void launch(const TopkPerRowArgs& a, const Sink& sink, const TopkPlan& plan, con
     while (static_cast<int64_t>(n) < taken) n *= 2;
     if (n * 8 > smem) smem = n * 8;
   }
-  if (grid_ctas > kMaxGridX) {
-    throw std::invalid_argument("topk_per_row: rows * cluster must be < 2^31, got " +
-                                std::to_string(a.rows) + " * " + std::to_string(plan.cluster));
-  }
-  const unsigned grid = static_cast<unsigned>(grid_ctas);
+  const unsigned grid = cluster_grid(a.rows, plan.cluster);
   launch_clustered_kernel(kernel, grid, kThreads, plan.cluster, smem, place.cuda_stream(),
                           "topk_per_row kernel launch", a, sink, plan.cluster,
                           static_cast<unsigned>(first_wave < grid_ctas ? first_wave : grid_ctas));
@@ -2166,20 +2190,13 @@ void launch_registers(const TopkPerRowArgs& a, const Sink& sink, const TopkPlan&
                       const Place& place) {
   auto* kernel = topk_register_kernel<Bits, Sink>;
   const int cluster = plan.register_cluster;
-  const int64_t grid_ctas = a.rows * cluster;
-  if (grid_ctas > kMaxGridX) {
-    throw std::invalid_argument("topk_per_row: rows * cluster must be < 2^31, got " +
-                                std::to_string(a.rows) + " * " + std::to_string(cluster));
-  }
+  const unsigned grid = cluster_grid(a.rows, cluster);
   if (cluster > 8) {  // past the portable cluster size
-    const ScopedRelaxedCapture setup_may_run_inside_a_capture;
-    throw_on_cuda_error(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1),
-        "topk_per_row cluster attribute");
+    static std::atomic<uint64_t> configured{0};
+    once_per_device(configured, place.device, [&] { allow_large_clusters(kernel); });
   }
-  launch_clustered_kernel(kernel, static_cast<unsigned>(grid_ctas), kRegisterThreads, cluster,
-                          0, place.cuda_stream(), "topk_per_row kernel launch", a, sink,
-                          cluster);
+  launch_clustered_kernel(kernel, grid, kRegisterThreads, cluster, 0, place.cuda_stream(),
+                          "topk_per_row kernel launch", a, sink, cluster);
 }
 
 //! Whether the register kernel runs these arguments under `plan` (sorted ids take the
