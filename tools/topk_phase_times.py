@@ -26,6 +26,9 @@ import tempfile
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+REGISTER_KERNEL = "template <typename Bits, typename Sink>\n__global__ void __launch_bounds__(kRegisterThreads, 1)"
+
+
 def stamped_kernel() -> str:
     global src
     src = open(os.path.join(REPO, "csrc/indexer/topk_per_row_kernel.cuh")).read()
@@ -38,6 +41,12 @@ def stamped_kernel() -> str:
       unsigned long long t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); g_stamps[b][i] = t;
     }
     '''
+    # The stamps go into the cluster kernel (topk_per_row_kernel): the text before the
+    # register kernel, which repeats some of its lines.
+    head, sep, tail = src.partition(REGISTER_KERNEL)
+    assert sep, "the register kernel's declaration moved"
+    src = head
+
     def rep(old, new, count=1):
         global src
         assert src.count(old) == count, (old, src.count(old))
@@ -59,6 +68,7 @@ def stamped_kernel() -> str:
     rep("    for_each_selected([&](int64_t pos, int32_t id) { stage[pos - first] = id; });\n    __syncthreads();\n  }\n", "    for_each_selected([&](int64_t pos, int32_t id) { stage[pos - first] = id; });\n    stamp(15);\n    __syncthreads();\n  }\n  stamp(29);\n")
     rep("    for_each_output([&](int64_t pos, int32_t id) { out[pos * stride] = id; });\n", "    for_each_output([&](int64_t pos, int32_t id) { out[pos * stride] = id; });\n    stamp(30);\n")
     rep("    for (int64_t j = taken + fill_first; j < k; j += fill_step) out[j * stride] = -1;\n    if (a.sorted) {", "    for (int64_t j = taken + fill_first; j < k; j += fill_step) out[j * stride] = -1;\n    stamp(31);\n    if (a.sorted) {")
+    src += sep + tail
     # The plan and the entry point the driver calls, from the kernel file that includes it.
     body = open(os.path.join(REPO, "csrc/indexer/topk_per_row.cu")).read()
     src += body.replace('#include "topk_per_row_kernel.cuh"\n', "")
