@@ -280,16 +280,19 @@ __device__ __forceinline__ void block_scan2(SharedState& s, uint32_t a, uint32_t
 //! every thread's memory accesses before it (shared, distributed shared and global) are
 //! visible to every thread of the cluster after it. The block barrier orders the CTA's
 //! accesses before one warp's cluster-scope release fence, which covers them all
-//! (cumulativity), and the arrivals are relaxed: cluster.sync() releases in every thread,
-//! a GPU-wide fence (MEMBAR.ALL.GPU) in each of the 16 warps, which cost about 1 us a
-//! barrier (H100, back to back us, k = 2048: 1 x 32K 8.38 -> 6.67, 64 x 32K 15.38 ->
-//! 13.25, 1 x 128K 14.40 -> 12.23, every barrier relaxed).
+//! (cumulativity), and the arrivals are relaxed. cluster.sync() releases in every thread:
+//! a GPU-wide fence (MEMBAR.ALL.GPU) in each of the 16 warps (H100, graph us, k = 2048,
+//! against it: 1 x 32K 8.0 -> 6.9, 8 x 32K 10.0 -> 8.8, 64 x 32K 14.8 -> 13.6, 1 x 128K
+//! 11.8 -> 10.8, 64 x 128K 25.9 -> 24.7). The cluster of 1 keeps its own branch: the
+//! 64-register streamed builds spilled with one block barrier before the test.
 __device__ __forceinline__ void cluster_barrier(int cluster) {
-  __syncthreads();
   if (cluster > 1) {
+    __syncthreads();
     if (threadIdx.x < 32) asm volatile("fence.acq_rel.cluster;" ::: "memory");
     asm volatile("barrier.cluster.arrive.relaxed.aligned;\n\tbarrier.cluster.wait.aligned;" ::
                      : "memory");
+  } else {
+    __syncthreads();
   }
 }
 
