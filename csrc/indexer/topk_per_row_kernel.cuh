@@ -2132,11 +2132,11 @@ void launch(const TopkPerRowArgs& a, const Sink& sink, const TopkPlan& plan, con
   // CTAs of blockIdx.x >= first_wave start after the first wave (prefetch_first_batch):
   // kStreamedPerSm CTAs per SM in the 64-register build, in whole clusters (an estimate: it
   // only decides a prefetch).
-  const int64_t grid_ctas = a.rows * plan.cluster;
+  const unsigned grid = cluster_grid(a.rows, plan.cluster);
   int64_t first_wave = sm_count(place.device) * kStreamedPerSm / plan.cluster * plan.cluster;
   if (a.rows <= whole_sm_clusters(place.device, plan.cluster)) {
     kernel = whole_sm;
-    first_wave = grid_ctas;
+    first_wave = grid;
   }
   size_t smem = static_cast<size_t>(dynamic_smem_bytes(plan.slice, kResident));
   if (a.sorted) {
@@ -2145,10 +2145,9 @@ void launch(const TopkPerRowArgs& a, const Sink& sink, const TopkPlan& plan, con
     while (static_cast<int64_t>(n) < taken) n *= 2;
     if (n * 8 > smem) smem = n * 8;
   }
-  const unsigned grid = cluster_grid(a.rows, plan.cluster);
   launch_clustered_kernel(kernel, grid, kThreads, plan.cluster, smem, place.cuda_stream(),
                           "topk_per_row kernel launch", a, sink, plan.cluster,
-                          static_cast<unsigned>(first_wave < grid_ctas ? first_wave : grid_ctas));
+                          static_cast<unsigned>(first_wave < grid ? first_wave : grid));
 }
 
 template <typename Bits, int kItems, int kBlock, typename Sink, bool kPow2>
