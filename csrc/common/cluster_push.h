@@ -53,6 +53,20 @@ __device__ __forceinline__ void push_u32(uint32_t* slot, uint32_t value, uint64_
                ::"r"(remote_slot), "r"(value), "r"(remote_bar) : "memory");
 }
 
+//! push_u32 for 16 bytes (`slot` 16-byte aligned).
+__device__ __forceinline__ void push_u32x4(uint4* slot, uint4 value, uint64_t* barrier,
+                                           uint32_t rank) {
+  const uint32_t local_slot = static_cast<uint32_t>(__cvta_generic_to_shared(slot));
+  const uint32_t local_bar = static_cast<uint32_t>(__cvta_generic_to_shared(barrier));
+  uint32_t remote_slot, remote_bar;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote_slot) : "r"(local_slot), "r"(rank));
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote_bar) : "r"(local_bar), "r"(rank));
+  asm volatile(
+      "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];"
+      ::"r"(remote_slot), "r"(value.x), "r"(value.y), "r"(value.z), "r"(value.w), "r"(remote_bar)
+      : "memory");
+}
+
 //! Waits until every byte this CTA's barrier expects has landed (and is visible).
 __device__ __forceinline__ void push_wait(uint64_t* barrier) {
   const uint32_t bar = static_cast<uint32_t>(__cvta_generic_to_shared(barrier));

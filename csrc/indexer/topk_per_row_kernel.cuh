@@ -12,12 +12,14 @@
 //   row is read from global memory once; the later walks run over shared memory. The
 //   streamed plan (slices past one CTA's shared memory, or launches past one wave, where
 //   two streamed CTAs per SM overlap) reads the slice from global memory in each walk.
-// - After each pass every CTA sums its histogram in groups of 64 bins; after the pass's
-//   cluster barrier warp 0 of each CTA reads the cluster's group sums, then the bins of
-//   the one group holding the k-th key (distributed shared memory, the loads of up to
-//   eight CTAs in flight; the histograms and sums are double buffered), so every CTA
-//   finds the same digit. A pass whose digit bin is taken whole ends the selection early,
-//   and bf16 rows stop after two passes (their keys have 16 significant bits).
+// - After each pass every CTA sums its histogram in groups of 64 bins, and warp 0 of each
+//   CTA takes the cluster's group sums, then the bins of the one group holding the k-th
+//   key, so every CTA finds the same digit (cluster_digit). Resident CTAs push their sums
+//   into every CTA's shared memory (st.async, HistogramMail: no cluster barrier); streamed
+//   ones publish theirs by a cluster barrier and read the others' (distributed shared
+//   memory, the loads of up to eight CTAs in flight; the histograms and sums are double
+//   buffered). A pass whose digit bin is taken whole ends the selection early, and bf16
+//   rows stop after two passes (their keys have 16 significant bits).
 // - Candidates: after the first pass one walk over the slice marks the keys whose first
 //   digit is above the threshold digit in a bitmap (a warp's ballot is one bitmap word)
 //   and appends those in the threshold bin, with their columns, to a candidate list in
@@ -67,6 +69,7 @@
 #include <string>
 #include <type_traits>
 
+#include "../common/cluster_push.h"
 #include "../common/warp_scan.h"
 #include "topk_per_row.h"
 
@@ -396,18 +399,25 @@ __device__ __forceinline__ void load_and_count(const Bits* src, uint32_t n, uint
 }
 
 /*!
- * \brief Sums this CTA's histogram `hist` (`bins` bins) in groups of kGroupBins bins into
- *        `groups`, which the cluster reads in find_digit. Every thread calls it once the
- *        histogram is complete (after a block barrier); the cluster barrier that follows
- *        publishes the sums.
+ * \brief Sums this CTA's histogram `hist` (`bins` bins) in groups of kGroupBins bins: warp w
+ *        sums groups w, w + kWarps, ..., each sum in every lane, and calls take(group, sum,
+ *        lane) in every lane. Every thread calls it once the histogram is complete (after a
+ *        block barrier).
  */
-__device__ __forceinline__ void sum_groups(const uint32_t* hist, int bins, uint32_t* groups) {
+template <typename Take>
+__device__ __forceinline__ void for_each_group_sum(const uint32_t* hist, int bins, Take&& take) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   for (int g = warp; g < bins / kGroupBins; g += kWarps) {
     const uint2 q = reinterpret_cast<const uint2*>(hist + g * kGroupBins)[lane];
-    const uint32_t sum = warp_sum(q.x + q.y);
-    if (lane == 0) groups[g] = sum;
+    take(g, warp_sum(q.x + q.y), lane);
   }
+}
+
+//! The group sums of `hist` into `groups` (for_each_group_sum).
+__device__ __forceinline__ void sum_groups(const uint32_t* hist, int bins, uint32_t* groups) {
+  for_each_group_sum(hist, bins, [&](int g, uint32_t sum, int lane) {
+    if (lane == 0) groups[g] = sum;
+  });
 }
 
 /*!
@@ -446,29 +456,106 @@ struct BinPair {
   }
 };
 
+//! find_digit's reads of one pass's sums: this CTA's histogram and group sums (`hist`,
+//! `groups`, at the same addresses in every CTA), which the other CTAs read where they are
+//! (distributed shared memory, after the cluster barrier that publishes them).
+struct CtaSums {
+  const uint32_t* hist;
+  const uint32_t* groups;
+  __device__ __forceinline__ void await_groups() const {}
+  __device__ __forceinline__ uint32_t group(int r, int g) const {
+    return cg::this_cluster().map_shared_rank(groups, r)[g];
+  }
+  //! Bins top - 2 - 2 * lane and top - 1 - 2 * lane of CTA r (as x, y): find_digit's lane
+  //! `lane` of the group below `top`.
+  __device__ __forceinline__ uint2 bin_pair(int r, int top, int lane) const {
+    return *reinterpret_cast<const uint2*>(cg::this_cluster().map_shared_rank(hist, r) + top -
+                                           2 - 2 * lane);
+  }
+  __device__ __forceinline__ void await_bins(int, int, int) const {}
+};
+
 /*!
- * \brief The pass's digit: finds, in the cluster's histograms `hist` (`bins` bins) and
- *        their group sums `groups`, the bin holding the remaining-th key in descending
- *        digit order, and stores it in s.digit, the keys of the higher bins in s.above and
- *        the bin's count in s.in_bin; kBefore: the same two counts over the CTAs of lower
- *        rank than this one (`rank`) in s.above_before and s.in_bin_before. Warp 0 reads
- *        every CTA's group sums, then the 64 bins of the one group holding the key
- *        (distributed shared memory: 3 words per lane and CTA instead of whole histograms;
- *        one CTA reads its own directly). Every thread calls it after the cluster barrier
- *        that publishes the sums; the results are visible after the next __syncthreads.
+ * \brief Every CTA's sums of the passes, pushed into every CTA of the cluster (st.async,
+ *        cluster_push.h) instead of read where they are: no cluster barrier (its release is
+ *        a fence) and one one-way push a round instead of a round trip. A pass has two
+ *        rounds: the group sums of the histogram, then the 64 bins of the one group
+ *        holding the pass's key. Each slot has one sender, so no round's pushes overwrite a
+ *        slot still read: a CTA pushes a round only after the round before has landed from
+ *        every CTA, each of which had read the slot's previous contents by then. A CTA
+ *        reads no other CTA's shared memory, so it exits without waiting for the cluster.
+ *        H100, graph us, k = 2048, against the barrier and reads (fcdecae): 1 x 32K 6.96 ->
+ *        6.45, 8 x 32K 8.87 -> 8.01, 64 x 32K 13.66 -> 12.36, 1 x 128K 10.79 -> 10.28, 16 x
+ *        128K 16.02 -> 14.83.
  */
-template <bool kBefore = false>
-__device__ __forceinline__ void find_digit(SharedState& s, uint32_t* hist, uint32_t* groups,
-                                           int bins, int cluster, int rank, uint32_t remaining) {
+struct HistogramMail {
+  uint32_t groups[kMaxCluster][kBins / kGroupBins];     // [sender][group]
+  alignas(16) uint32_t bins[kMaxCluster][kGroupBins];   // [sender][bin of the group]
+  uint64_t landed[3][2];                                // per pass: the groups, the bins
+};
+
+// sm_90 / sm_100: at most 227 KB of shared memory per CTA.
+static_assert(kMaxDynamicSmem + sizeof(SharedState) + sizeof(HistogramMail) <= 227 * 1024,
+              "a resident CTA of kSliceOneCta columns has room for its mail");
+
+//! Thread 0 sets the mail's barriers up for `cluster` senders, then every thread arrives at
+//! the cluster barrier that publishes them (waited on before the first push, push_ready).
+__device__ __forceinline__ void open_mail(HistogramMail& mail, int cluster) {
+  if (threadIdx.x == 0) {
+    for (int pass = 0; pass < 3; ++pass) {
+      push_barrier_init(&mail.landed[pass][0], cluster * (pass_bins(pass) / kGroupBins) * 4u);
+      push_barrier_init(&mail.landed[pass][1], cluster * kGroupBins * 4u);
+    }
+  }
+  push_arrive();
+}
+
+//! find_digit's reads of the sums pushed into this CTA's mail (HistogramMail).
+struct MailedSums : CtaSums {
+  HistogramMail* mail;
+  int pass;
+  __device__ __forceinline__ void await_groups() const { push_wait(&mail->landed[pass][0]); }
+  __device__ __forceinline__ uint32_t group(int r, int g) const { return mail->groups[r][g]; }
+  __device__ __forceinline__ uint2 bin_pair(int r, int, int lane) const {
+    return *reinterpret_cast<const uint2*>(mail->bins[r] + kGroupBins - 2 - 2 * lane);
+  }
+  //! Warp 0: pushes this CTA's bins [top - kGroupBins, top) into every CTA, then waits for
+  //! the cluster's.
+  __device__ __forceinline__ void await_bins(int top, int cluster, int rank) const {
+    constexpr int kVectors = kGroupBins / 4;
+    const uint4* mine = reinterpret_cast<const uint4*>(hist + top - kGroupBins);
+    uint4* slot = reinterpret_cast<uint4*>(mail->bins[rank]);
+    for (int i = threadIdx.x; i < cluster * kVectors; i += 32) {
+      push_u32x4(slot + i % kVectors, mine[i % kVectors], &mail->landed[pass][1], i / kVectors);
+    }
+    push_wait(&mail->landed[pass][1]);
+  }
+};
+
+/*!
+ * \brief The pass's digit: finds, in the cluster's histograms (`bins` bins; `sums`: where
+ *        find_digit reads them, CtaSums or MailedSums) the bin holding the remaining-th key
+ *        in descending digit order, and stores it in s.digit, the keys of the higher bins in
+ *        s.above and the bin's count in s.in_bin; kBefore: the same two counts over the CTAs
+ *        of lower rank than this one (`rank`) in s.above_before and s.in_bin_before. Warp 0
+ *        takes every CTA's group sums, then the 64 bins of the one group holding the key (3
+ *        words per lane and CTA instead of whole histograms; a cluster of one reads its own).
+ *        Every thread calls it once the sums are published (CtaSums) or pushed
+ *        (MailedSums); the results are visible after the next __syncthreads.
+ */
+template <bool kBefore = false, typename Sums = CtaSums>
+__device__ __forceinline__ void find_digit(SharedState& s, const Sums& sums, int bins, int cluster,
+                                           int rank, uint32_t remaining) {
   if (threadIdx.x >= 32) return;
+  if (cluster > 1) sums.await_groups();
   const int lane = threadIdx.x;
   const int group_count = bins / kGroupBins;
   // Lane l holds group group_count - 1 - l (descending digit order along the lanes).
   const int g = group_count - 1 - lane;
   const int g_read = g >= 0 ? g : 0;  // lanes past the groups read group 0 and drop it
-  auto group_of = [&](int r) { return cg::this_cluster().map_shared_rank(groups, r)[g_read]; };
+  auto group_of = [&](int r) { return sums.group(r, g_read); };
   uint32_t group_before = 0;
-  uint32_t group_sum = cluster == 1 ? groups[g_read]
+  uint32_t group_sum = cluster == 1 ? sums.groups[g_read]
                                     : sum_over_cluster<kBefore, uint32_t>(cluster, rank, group_of,
                                                                           group_before);
   if (g < 0) group_sum = 0, group_before = 0;
@@ -488,14 +575,13 @@ __device__ __forceinline__ void find_digit(SharedState& s, uint32_t* hist, uint3
       kBefore ? __shfl_sync(0xffffffffu, incl_before - group_before, first) : 0;
   const int top = (group_count - 1 - first) * kGroupBins + kGroupBins;  // past the group
   // Lane l holds the bins top - 1 - 2l (c.x) and top - 2 - 2l (c.y).
-  auto bins_of = [&](const uint32_t* h) {
-    const uint2 q = *reinterpret_cast<const uint2*>(h + top - 2 - 2 * lane);
-    return BinPair{q.y, q.x};
-  };
-  auto bins_at = [&](int r) { return bins_of(cg::this_cluster().map_shared_rank(hist, r)); };
+  auto pair_of = [](uint2 q) { return BinPair{q.y, q.x}; };
+  auto bins_at = [&](int r) { return pair_of(sums.bin_pair(r, top, lane)); };
   BinPair b;  // the CTAs before this one
-  const BinPair c = cluster == 1 ? bins_of(hist)
-                                 : sum_over_cluster<kBefore, BinPair>(cluster, rank, bins_at, b);
+  if (cluster > 1) sums.await_bins(top, cluster, rank);
+  const BinPair c =
+      cluster == 1 ? pair_of(*reinterpret_cast<const uint2*>(sums.hist + top - 2 - 2 * lane))
+                   : sum_over_cluster<kBefore, BinPair>(cluster, rank, bins_at, b);
   const uint32_t need = remaining - above_group;
   const uint32_t pair = c.x + c.y;
   const uint32_t pair_incl = warp_inclusive_sum_u32(pair);
@@ -513,6 +599,34 @@ __device__ __forceinline__ void find_digit(SharedState& s, uint32_t* hist, uint3
       s.above_before = upper ? before_b : before_b + b.x;
       s.in_bin_before = upper ? b.x : b.y;
     }
+  }
+}
+
+/*!
+ * \brief The digit of pass `pass` over the cluster, once this CTA's histogram of the pass
+ *        (s.hist[pass & 1], `bins` bins) is complete: find_digit over the group sums pushed
+ *        into every CTA's `mail` (kMailed; the first pass waits for the mail to be open), or
+ *        published by a cluster barrier and read where they are. kMailed also gives the
+ *        counts of the CTAs before (find_digit's kBefore). Every thread calls it after a
+ *        block barrier.
+ */
+template <bool kMailed>
+__device__ __forceinline__ void cluster_digit(SharedState& s, HistogramMail* mail, int pass,
+                                              int bins, int cluster, int rank,
+                                              uint32_t remaining) {
+  uint32_t* hist = s.hist[pass & 1];
+  uint32_t* groups = s.groups[pass & 1];
+  if (kMailed && cluster > 1) {
+    if (pass == 0) push_ready();
+    // Lane r of each warp pushes the warp's sums into CTA r.
+    for_each_group_sum(hist, bins, [&](int g, uint32_t sum, int lane) {
+      if (lane < cluster) push_u32(&mail->groups[rank][g], sum, &mail->landed[pass][0], lane);
+    });
+    find_digit<true>(s, MailedSums{{hist, groups}, mail, pass}, bins, cluster, rank, remaining);
+  } else {
+    sum_groups(hist, bins, groups);
+    cluster_barrier(cluster);  // every CTA's histogram of this pass is complete
+    find_digit<kMailed>(s, CtaSums{hist, groups}, bins, cluster, rank, remaining);
   }
 }
 
@@ -535,7 +649,7 @@ struct Marks {
  */
 __device__ __forceinline__ uint32_t nth_digit(SharedState& s, uint32_t* hist, uint32_t* groups,
                                               uint32_t r) {
-  find_digit(s, hist, groups, kBins, 1, 0, r);
+  find_digit(s, CtaSums{hist, groups}, kBins, 1, 0, r);
   __syncwarp();  // one lane wrote s.digit and s.above
   const uint32_t d = s.digit;
   __syncwarp();  // read before the next write
@@ -1136,6 +1250,11 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
   constexpr bool kPacked = std::is_same<Sink, PackCandidatesArgs>::value;
   extern __shared__ __align__(16) uint32_t dynamic_smem[];
   __shared__ SharedState s;
+  // The passes' sums are pushed into resident CTAs (cluster_digit); streamed CTAs, two to an
+  // SM with no shared memory to spare, publish theirs by a cluster barrier.
+  __shared__ std::conditional_t<kResident, HistogramMail, char> mailbox;
+  HistogramMail* mail = nullptr;
+  if constexpr (kResident) mail = &mailbox;
   // Clears the histograms and counters (a window of more than k columns counts in them).
   // Resident CTAs clear them before the wait for the previous kernel, as no global memory is
   // read, so that this overlaps that kernel's tail (streamed kernels spilled with it, so
@@ -1203,6 +1322,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
     }
     __syncthreads();
     if constexpr (kResident) {
+      if (cluster > 1) open_mail(*mail, cluster);
       load_and_count<Bits>(slice.src, slice.n, keys, s.hist[0]);
     } else {
       floor_key = count_and_capture<Bits, kAppendFromRegisters>(
@@ -1242,9 +1362,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
         }
       }
       __syncthreads();
-      sum_groups(hist, bins, s.groups[pass & 1]);
-      cluster_barrier(cluster);  // every CTA's histogram of this pass is complete
-      find_digit<kResident>(s, hist, s.groups[pass & 1], bins, cluster, rank, remaining);
+      cluster_digit<kResident>(s, mail, pass, bins, cluster, rank, remaining);
       // The cluster's bounds of the bin (each CTA's, written before the barrier).
       if (!kResident && pass == 1 && threadIdx.x < 32) {
         uint32_t lo = ~0u, hi = 0;
@@ -1257,7 +1375,9 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
         lo = __reduce_min_sync(0xffffffffu, lo), hi = __reduce_max_sync(0xffffffffu, hi);
         if (threadIdx.x == 0) s.single_key = lo == hi, s.bin_key = lo;
       }
-      if (pass == 1) {  // pass 2 reuses pass 0's buffer: every CTA has read it by now
+      // Pass 2 reuses pass 0's buffer: its bins were pushed in pass 0, or (streamed) every
+      // CTA has read them by now.
+      if (pass == 1) {
         for (int i = threadIdx.x; i < kBins; i += kThreads) s.hist[0][i] = 0;
       }
       __syncthreads();
@@ -1313,10 +1433,9 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
   }
 
   // A resident CTA's output positions need no exchange: the keys its passes counted are the
-  // keys it marks (shared memory), so the counts of the CTAs before it are find_digit's.
-  // Its reads of the other CTAs' shared memory end with the last pass: the arrival that
-  // lets the cluster exit is made here, unless the sort's barrier makes it.
-  if (kResident && cluster > 1 && !a.sorted) cluster_exit_arrive();
+  // keys it marks (shared memory), so the counts of the CTAs before it are find_digit's. It
+  // reads no other CTA's shared memory (the sums were pushed into its own), so it needs no
+  // barrier before its exit.
 
   // Mark the selected columns and count them: CTA totals, and in one segment each thread's
   // counts before its run of bitmap words. The list marks them where it holds them: in one
@@ -1583,7 +1702,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
       return;
     }
   }
-  if (cluster > 1) cg::this_cluster().barrier_wait();
+  if (!kResident && cluster > 1) cg::this_cluster().barrier_wait();  // cluster_exchange's arrival
 }
 
 /*!
@@ -1919,9 +2038,10 @@ __global__ void __launch_bounds__(kRegisterThreads, 1)
   constexpr bool kPacked = std::is_same<Sink, PackCandidatesArgs>::value;
   static_assert(register_kernel_sink<Sink>(), "ids or candidate keys");
   static_assert(!kPacked || sizeof(Bits) == 4, "candidate keys come from fp32 logits");
-  static_assert(kBlock == kThreads, "sum_groups takes the kWarps warps of a CTA");
+  static_assert(kBlock == kThreads, "for_each_group_sum takes the kWarps warps of a CTA");
   constexpr int64_t kAlign = 16 / sizeof(Bits);  // columns of a 16-byte vector
   __shared__ SharedState s;
+  __shared__ HistogramMail mail;
   __shared__ uint32_t warp_counts[kWarps];
   for (int i = threadIdx.x; i < 2 * kBins; i += kBlock) (&s.hist[0][0])[i] = 0;
   if (threadIdx.x == 0) s.gt_before = 0, s.eq_before = 0;
@@ -1977,6 +2097,7 @@ __global__ void __launch_bounds__(kRegisterThreads, 1)
       }
     }
   } else {
+    if (cluster > 1) open_mail(mail, cluster);
     uint32_t key[kItems];
     load_thread_keys<Bits, kItems>(static_cast<const Bits*>(a.logits) + row * a.row_stride +
                                        w.start + lo,
@@ -2004,11 +2125,9 @@ __global__ void __launch_bounds__(kRegisterThreads, 1)
           }
         }
       }
-      __syncthreads();
-      sum_groups(s.hist[pass & 1], bins, s.groups[pass & 1]);
-      cluster_barrier(cluster);  // every CTA's histogram of this pass is complete
-      find_digit<true>(s, s.hist[pass & 1], s.groups[pass & 1], bins, cluster, rank, remaining);
-      if (pass == 1) {  // pass 2 reuses pass 0's buffer: every CTA has read it by now
+      __syncthreads();  // this CTA's histogram of the pass is complete
+      cluster_digit<true>(s, &mail, pass, bins, cluster, rank, remaining);
+      if (pass == 1) {  // pass 2 reuses pass 0's buffer (its bins were pushed in pass 0)
         for (int i = threadIdx.x; i < kBins; i += kBlock) s.hist[0][i] = 0;
       }
       __syncthreads();
@@ -2021,8 +2140,6 @@ __global__ void __launch_bounds__(kRegisterThreads, 1)
       // A bf16 key's low 16 bits follow from its high ones (see the cluster kernel).
       if (sizeof(Bits) == 2 && pass == 1) break;
     }
-    // No other CTA's shared memory is read after the last pass.
-    if (cluster > 1) cluster_exit_arrive();
     // Output positions: the selected columns before each, those above the threshold and
     // the ties taken (the first `remaining` in column order). This thread's counts (ties
     // << 16 | above: each total < 2^16), scanned over the CTA in thread order: one warp
@@ -2063,7 +2180,6 @@ __global__ void __launch_bounds__(kRegisterThreads, 1)
       ids[j * stride] = -1;
     }
   }
-  if (w.count > k && cluster > 1) cg::this_cluster().barrier_wait();
 }
 
 //! Runs `setup` (a kernel's attributes) once per device: `done` is the caller's own mask
