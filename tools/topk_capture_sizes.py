@@ -17,7 +17,7 @@ import sys
 
 import numpy as np
 
-LIST = 10240  # list_capacity(false)
+LIST = 10112  # list_capacity(false)
 BATCH = 16384  # kThreads * kLoadsInFlight vectors of 4 fp32 keys
 MARGIN = 2  # kFloorMargin
 FILL = 9 / 10  # kFloorFillNum / kFloorFillDen

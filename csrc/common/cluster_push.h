@@ -1,5 +1,6 @@
 // Small messages between the CTAs of a thread block cluster, pushed into the receiver's
-// shared memory by st.async and counted by a transaction barrier (mbarrier) there.
+// shared memory by st.async (or added to what is there by red.async) and counted by a
+// transaction barrier (mbarrier) there.
 //
 // Why not cluster.sync() and distributed shared memory reads: the barrier's release
 // compiles to a GPU-wide memory fence (MEMBAR.ALL.GPU), and the reads are a round trip
@@ -40,31 +41,70 @@ __device__ __forceinline__ void push_ready() {
   asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
 }
 
+//! The addresses of `slot` and `barrier` (this CTA's) in the shared memory of cluster CTA
+//! `rank`.
+struct RemoteSlot {
+  uint32_t slot, barrier;
+};
+__device__ __forceinline__ RemoteSlot remote_slot(const void* slot, const uint64_t* barrier,
+                                                  uint32_t rank) {
+  RemoteSlot r;
+  const uint32_t local_slot = static_cast<uint32_t>(__cvta_generic_to_shared(slot));
+  const uint32_t local_bar = static_cast<uint32_t>(__cvta_generic_to_shared(barrier));
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r.slot) : "r"(local_slot), "r"(rank));
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r.barrier) : "r"(local_bar), "r"(rank));
+  return r;
+}
+
 //! Writes `value` to `slot` (this CTA's address of it) in the shared memory of cluster CTA
 //! `rank`, counted by that CTA's `barrier`.
 __device__ __forceinline__ void push_u32(uint32_t* slot, uint32_t value, uint64_t* barrier,
                                          uint32_t rank) {
-  const uint32_t local_slot = static_cast<uint32_t>(__cvta_generic_to_shared(slot));
-  const uint32_t local_bar = static_cast<uint32_t>(__cvta_generic_to_shared(barrier));
-  uint32_t remote_slot, remote_bar;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote_slot) : "r"(local_slot), "r"(rank));
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote_bar) : "r"(local_bar), "r"(rank));
+  const RemoteSlot r = remote_slot(slot, barrier, rank);
   asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];"
-               ::"r"(remote_slot), "r"(value), "r"(remote_bar) : "memory");
+               ::"r"(r.slot), "r"(value), "r"(r.barrier) : "memory");
 }
 
 //! push_u32 for 16 bytes (`slot` 16-byte aligned).
 __device__ __forceinline__ void push_u32x4(uint4* slot, uint4 value, uint64_t* barrier,
                                            uint32_t rank) {
-  const uint32_t local_slot = static_cast<uint32_t>(__cvta_generic_to_shared(slot));
-  const uint32_t local_bar = static_cast<uint32_t>(__cvta_generic_to_shared(barrier));
-  uint32_t remote_slot, remote_bar;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote_slot) : "r"(local_slot), "r"(rank));
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote_bar) : "r"(local_bar), "r"(rank));
+  const RemoteSlot r = remote_slot(slot, barrier, rank);
   asm volatile(
       "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];"
-      ::"r"(remote_slot), "r"(value.x), "r"(value.y), "r"(value.z), "r"(value.w), "r"(remote_bar)
+      ::"r"(r.slot), "r"(value.x), "r"(value.y), "r"(value.z), "r"(value.w), "r"(r.barrier)
       : "memory");
+}
+
+// Adds `value` to (or takes the least or greatest of it and) `slot` in the shared memory of
+// cluster CTA `rank`, counted by that CTA's `barrier` (4 bytes; 8 for push_add_u64). Sums
+// pushed by several CTAs add up in place.
+__device__ __forceinline__ void push_add_u32(uint32_t* slot, uint32_t value, uint64_t* barrier,
+                                             uint32_t rank) {
+  const RemoteSlot r = remote_slot(slot, barrier, rank);
+  asm volatile(
+      "red.async.relaxed.cluster.shared::cluster.mbarrier::complete_tx::bytes.add.u32 [%0], %1, [%2];"
+      ::"r"(r.slot), "r"(value), "r"(r.barrier) : "memory");
+}
+__device__ __forceinline__ void push_add_u64(uint64_t* slot, uint64_t value, uint64_t* barrier,
+                                             uint32_t rank) {
+  const RemoteSlot r = remote_slot(slot, barrier, rank);
+  asm volatile(
+      "red.async.relaxed.cluster.shared::cluster.mbarrier::complete_tx::bytes.add.u64 [%0], %1, [%2];"
+      ::"r"(r.slot), "l"(value), "r"(r.barrier) : "memory");
+}
+__device__ __forceinline__ void push_min_u32(uint32_t* slot, uint32_t value, uint64_t* barrier,
+                                             uint32_t rank) {
+  const RemoteSlot r = remote_slot(slot, barrier, rank);
+  asm volatile(
+      "red.async.relaxed.cluster.shared::cluster.mbarrier::complete_tx::bytes.min.u32 [%0], %1, [%2];"
+      ::"r"(r.slot), "r"(value), "r"(r.barrier) : "memory");
+}
+__device__ __forceinline__ void push_max_u32(uint32_t* slot, uint32_t value, uint64_t* barrier,
+                                             uint32_t rank) {
+  const RemoteSlot r = remote_slot(slot, barrier, rank);
+  asm volatile(
+      "red.async.relaxed.cluster.shared::cluster.mbarrier::complete_tx::bytes.max.u32 [%0], %1, [%2];"
+      ::"r"(r.slot), "r"(value), "r"(r.barrier) : "memory");
 }
 
 //! Waits until every byte this CTA's barrier expects has landed (and is visible).

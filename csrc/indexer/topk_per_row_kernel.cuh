@@ -14,12 +14,12 @@
 //   two streamed CTAs per SM overlap) reads the slice from global memory in each walk.
 // - After each pass every CTA sums its histogram in groups of 64 bins, and warp 0 of each
 //   CTA takes the cluster's group sums, then the bins of the one group holding the k-th
-//   key, so every CTA finds the same digit (cluster_digit). Resident CTAs push their sums
-//   into every CTA's shared memory (st.async, HistogramMail: no cluster barrier); streamed
-//   ones publish theirs by a cluster barrier and read the others' (distributed shared
-//   memory, the loads of up to eight CTAs in flight; the histograms and sums are double
-//   buffered). A pass whose digit bin is taken whole ends the selection early, and bf16
-//   rows stop after two passes (their keys have 16 significant bits).
+//   key, so every CTA finds the same digit (cluster_digit). The CTAs push their sums into
+//   every CTA's shared memory (st.async into each sender's slots, SenderMail, where the
+//   keys are resident; red.async, added up as they land, SumMail, where streamed CTAs have
+//   no room for the slots): no cluster barrier and no reads of another CTA's shared
+//   memory. A pass whose digit bin is taken whole ends the selection early, and bf16 rows
+//   stop after two passes (their keys have 16 significant bits).
 // - Candidates: after the first pass one walk over the slice marks the keys whose first
 //   digit is above the threshold digit in a bitmap (a warp's ballot is one bitmap word)
 //   and appends those in the threshold bin, with their columns, to a candidate list in
@@ -62,8 +62,6 @@
 // a block scan of each thread's counts: no list, bitmaps or staging).
 #pragma once
 
-#include <cooperative_groups.h>
-
 #include <atomic>
 #include <stdexcept>
 #include <string>
@@ -75,8 +73,6 @@
 
 namespace dsa {
 namespace {
-
-namespace cg = cooperative_groups;
 
 constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
@@ -92,11 +88,11 @@ constexpr int kLoadsInFlight = 8;           // 16-byte loads per thread per batc
 constexpr int kMaxPlanCluster = 8;
 constexpr int kMaxCluster = 16;
 //! Threshold-bin keys a CTA keeps as candidates (key and column, 8 bytes each): 2048 when
-//! the slice's keys fill shared memory (resident), 10240 when they do not (streamed: 80 KB,
-//! and two CTAs of 64K-column slices still fit an SM). A 64K-column slice of 16 distinct
+//! the slice's keys fill shared memory (resident), 10112 when they do not (streamed: 79 KB,
+//! and two CTAs of 64K-column slices with their mail still fit an SM). A 64K-column slice of 16 distinct
 //! integers holds about 8K keys in its threshold bin (the first digit keeps two mantissa
 //! bits: 14 and 15 share a bin); at 8192 half such CTAs overflowed and walked the slice.
-constexpr int64_t list_capacity(bool resident) { return resident ? 2048 : 10240; }
+constexpr int64_t list_capacity(bool resident) { return resident ? 2048 : 10112; }
 //! A streamed CTA's capture floor (capture_floor): its margin in rank over the estimate of
 //! the row's threshold key, and the share of the list (kFloorFillNum / kFloorFillDen) its
 //! captured keys may be expected to fill before the margin is given up.
@@ -246,11 +242,6 @@ static_assert(2 * kSegmentColumns / 32 * sizeof(uint32_t) <= sizeof(SharedState:
 static_assert(kStagedSlots * sizeof(int32_t) <= sizeof(SharedState::hist) &&
                   kStagedSlots * sizeof(int32_t) <= list_capacity(true) * sizeof(uint2),
               "a CTA's ids are staged in the histograms (streamed) or the list (resident)");
-// sm_90 / sm_100: 228 KB of shared memory per SM, 1 KB of it reserved per CTA.
-static_assert(kStreamedPerSm * (dynamic_smem_bytes(kPlanLongSlice, false) +
-                                static_cast<int64_t>(sizeof(SharedState)) + 1024) <=
-                  228 * 1024,
-              "kStreamedPerSm streamed CTAs fit an SM");
 
 /*!
  * \brief Exclusive block-wide prefix sums of (a, b) in thread order, and their totals.
@@ -297,14 +288,6 @@ __device__ __forceinline__ void cluster_barrier(int cluster) {
   } else {
     __syncthreads();
   }
-}
-
-//! The arrival that lets the cluster's CTAs exit (cg's barrier_wait, last in the kernel):
-//! this CTA reads no other CTA's shared memory after it. Relaxed, as cutlass's kernels
-//! end: the reads before it have returned their values (they are used before it), so no
-//! fence is needed for the other CTAs' shared memory to outlive them.
-__device__ __forceinline__ void cluster_exit_arrive() {
-  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
 }
 
 template <typename Bits, bool kResident>
@@ -421,10 +404,9 @@ __device__ __forceinline__ void sum_groups(const uint32_t* hist, int bins, uint3
 }
 
 /*!
- * \brief The sum over the cluster's CTAs r < cluster of load(r), and (kBefore) in `before`
- *        the sum over the CTAs r < rank, with the loads of up to eight CTAs in flight at
- *        once: each distributed-shared-memory load is a round trip over the cluster's
- *        network, so the loads are issued in fixed batches of eight whatever the cluster size
+ * \brief The sum over the cluster's CTAs r < cluster of load(r) (a SenderMail's slot of
+ *        sender r), and (kBefore) in `before` the sum over the CTAs r < rank, with up to
+ *        eight loads in flight at once: in fixed batches of eight whatever the cluster size
  *        (a loop of `cluster` iterations is not unrolled for the sizes below its unroll
  *        factor, and waits for each load in turn). Ranks past the cluster load from the last
  *        CTA and are not added.
@@ -447,7 +429,7 @@ __device__ __forceinline__ T sum_over_cluster(int cluster, int rank, Load&& load
   return total;
 }
 
-//! Two bin counts, summed component-wise over the cluster by sum_over_cluster.
+//! Two bin counts, summed component-wise by sum_over_cluster.
 struct BinPair {
   uint32_t x = 0, y = 0;
   __device__ __forceinline__ BinPair& operator+=(const BinPair& o) {
@@ -456,51 +438,84 @@ struct BinPair {
   }
 };
 
-//! find_digit's reads of one pass's sums: this CTA's histogram and group sums (`hist`,
-//! `groups`, at the same addresses in every CTA), which the other CTAs read where they are
-//! (distributed shared memory, after the cluster barrier that publishes them).
-struct CtaSums {
+//! find_digit's sums of a cluster of one: this CTA's histogram and its group sums.
+struct LocalSums {
   const uint32_t* hist;
   const uint32_t* groups;
   __device__ __forceinline__ void await_groups() const {}
-  __device__ __forceinline__ uint32_t group(int r, int g) const {
-    return cg::this_cluster().map_shared_rank(groups, r)[g];
-  }
-  //! Bins top - 2 - 2 * lane and top - 1 - 2 * lane of CTA r (as x, y): find_digit's lane
-  //! `lane` of the group below `top`.
-  __device__ __forceinline__ uint2 bin_pair(int r, int top, int lane) const {
-    return *reinterpret_cast<const uint2*>(cg::this_cluster().map_shared_rank(hist, r) + top -
-                                           2 - 2 * lane);
+  __device__ __forceinline__ uint32_t group_sum(int g, uint32_t& before) const {
+    before = 0;
+    return groups[g];
   }
   __device__ __forceinline__ void await_bins(int, int, int) const {}
+  //! Bins top - 2 - 2 * lane (x) and top - 1 - 2 * lane (y): lane `lane`'s pair of the
+  //! group below `top`.
+  __device__ __forceinline__ uint2 bin_pair(int top, int lane, uint2& before) const {
+    before = uint2{0, 0};
+    return *reinterpret_cast<const uint2*>(hist + top - 2 - 2 * lane);
+  }
 };
 
 /*!
- * \brief Every CTA's sums of the passes, pushed into every CTA of the cluster (st.async,
- *        cluster_push.h) instead of read where they are: no cluster barrier (its release is
- *        a fence) and one one-way push a round instead of a round trip. A pass has two
- *        rounds: the group sums of the histogram, then the 64 bins of the one group
- *        holding the pass's key. Each slot has one sender, so no round's pushes overwrite a
- *        slot still read: a CTA pushes a round only after the round before has landed from
- *        every CTA, each of which had read the slot's previous contents by then. A CTA
- *        reads no other CTA's shared memory, so it exits without waiting for the cluster.
- *        H100, graph us, k = 2048, against the barrier and reads (fcdecae): 1 x 32K 6.96 ->
- *        6.45, 8 x 32K 8.87 -> 8.01, 64 x 32K 13.66 -> 12.36, 1 x 128K 10.79 -> 10.28, 16 x
- *        128K 16.02 -> 14.83.
+ * \brief The mail of a resident CTA (and of the register kernel's): every CTA's sums of
+ *        the passes, pushed into every CTA of the cluster (st.async, cluster_push.h) instead
+ *        of read where they are after a cluster barrier (its release is a GPU-wide fence; a
+ *        read is a round trip). A pass has two rounds: the group sums of the histogram, then
+ *        the 64 bins of the one group holding the pass's key. Each slot has one sender
+ *        (the reader sums them, over every CTA and over those before it), so no round's
+ *        pushes overwrite a slot still read: a CTA pushes a round only after the round
+ *        before has landed from every CTA, each of which had read the slot's previous
+ *        contents by then. H100, graph us, k = 2048, against the barrier and reads
+ *        (fcdecae): 1 x 32K 6.96 -> 6.45, 8 x 32K 8.87 -> 8.01, 64 x 32K 13.66 -> 12.36, 1 x
+ *        128K 10.79 -> 10.28, 16 x 128K 16.02 -> 14.83. The sums added up as they land
+ *        (SumMail, with a second copy over the CTAs before) were 0.3-0.7 us slower at 8 CTAs
+ *        a row and 3 us at 16.
  */
-struct HistogramMail {
+struct SenderMail {
   uint32_t groups[kMaxCluster][kBins / kGroupBins];     // [sender][group]
   alignas(16) uint32_t bins[kMaxCluster][kGroupBins];   // [sender][bin of the group]
   uint64_t landed[3][2];                                // per pass: the groups, the bins
 };
 
-// sm_90 / sm_100: at most 227 KB of shared memory per CTA.
-static_assert(kMaxDynamicSmem + sizeof(SharedState) + sizeof(HistogramMail) <= 227 * 1024,
-              "a resident CTA of kSliceOneCta columns has room for its mail");
+/*!
+ * \brief The mail of a streamed CTA: the cluster's sums added up as they land (red.async),
+ *        1.2 KB where SenderMail's 6 KB would not leave two streamed CTAs an SM. Per pass the
+ *        group sums (pass 1: with the least and greatest key of the first digit's bin), then
+ *        the bins of the group holding the pass's key; then the CTAs' totals
+ *        (cluster_exchange). Every slot is used once (cleared by open_mail). H100, graph us,
+ *        k = 2048, against a cluster barrier and reads: 64 x 128K 24.8 -> 23.0, 32 x 256K
+ *        33.2 -> 31.1, 8 x 512K 23.0 -> 21.7, 64 x 128K of 16 values 29.0 -> 27.3.
+ */
+struct SumMail {
+  uint32_t groups[3][kBins / kGroupBins];  // [pass][group]
+  alignas(8) uint32_t bins[3][kGroupBins];  // [pass][bin of the group]
+  uint32_t bounds[2];  // pass 1: least, greatest key of the first digit's bin
+  uint64_t totals[2];  // the exchange's (y << 32 | x): every CTA, those before
+  uint64_t landed[3][2];  // per pass: the groups (and bounds), the bins
+  uint64_t exchanged;
+};
 
-//! Thread 0 sets the mail's barriers up for `cluster` senders, then every thread arrives at
-//! the cluster barrier that publishes them (waited on before the first push, push_ready).
-__device__ __forceinline__ void open_mail(HistogramMail& mail, int cluster) {
+//! The mail of a resident (register kernel's too) or streamed CTA.
+template <bool kResident>
+using ClusterMail = std::conditional_t<kResident, SenderMail, SumMail>;
+
+// sm_90 / sm_100: at most 227 KB of shared memory per CTA, 228 KB per SM (1 KB of it
+// reserved per CTA).
+static_assert(kMaxDynamicSmem + sizeof(SharedState) + sizeof(SenderMail) <= 227 * 1024,
+              "a resident CTA of kSliceOneCta columns has room for its mail");
+static_assert(kStreamedPerSm * (dynamic_smem_bytes(kPlanLongSlice, false) +
+                                static_cast<int64_t>(sizeof(SharedState)) +
+                                static_cast<int64_t>(sizeof(SumMail)) + 1024) <=
+                  228 * 1024,
+              "kStreamedPerSm streamed CTAs fit an SM");
+
+/*!
+ * \brief Opens the mail of CTA `rank` of `cluster` (> 1): sets up its barriers with the
+ *        bytes each round brings (SumMail: and clears its sums), then every thread arrives
+ *        at the cluster barrier that publishes them (waited on before the first push,
+ *        push_ready). Every thread calls it.
+ */
+__device__ __forceinline__ void open_mail(SenderMail& mail, int cluster, int) {
   if (threadIdx.x == 0) {
     for (int pass = 0; pass < 3; ++pass) {
       push_barrier_init(&mail.landed[pass][0], cluster * (pass_bins(pass) / kGroupBins) * 4u);
@@ -509,19 +524,40 @@ __device__ __forceinline__ void open_mail(HistogramMail& mail, int cluster) {
   }
   push_arrive();
 }
+__device__ __forceinline__ void open_mail(SumMail& mail, int cluster, int rank) {
+  constexpr int kWords = static_cast<int>(offsetof(SumMail, landed) / 4);
+  constexpr int kLeast = static_cast<int>(offsetof(SumMail, bounds) / 4);
+  uint32_t* words = reinterpret_cast<uint32_t*>(&mail);
+  for (int i = threadIdx.x; i < kWords; i += blockDim.x) words[i] = i == kLeast ? ~0u : 0u;
+  if (threadIdx.x == 0) {
+    for (int pass = 0; pass < 3; ++pass) {
+      const uint32_t bounds = pass == 1 ? cluster * 8u : 0u;  // a least and a greatest key
+      push_barrier_init(&mail.landed[pass][0],
+                        cluster * (pass_bins(pass) / kGroupBins) * 4u + bounds);
+      push_barrier_init(&mail.landed[pass][1], cluster * kGroupBins * 4u);
+    }
+    push_barrier_init(&mail.exchanged, (cluster + rank) * 8u);  // every CTA's, those before's
+  }
+  // The cleared sums before any push: one warp's cluster-scope fence after the block barrier
+  // covers every thread's stores (cluster_barrier says why not a release in every thread).
+  __syncthreads();
+  if (threadIdx.x < 32) asm volatile("fence.acq_rel.cluster;" ::: "memory");
+  push_arrive();
+}
 
-//! find_digit's reads of the sums pushed into this CTA's mail (HistogramMail).
-struct MailedSums : CtaSums {
-  HistogramMail* mail;
-  int pass;
+//! find_digit's sums in a SenderMail: each CTA's, summed by the reader.
+struct SenderSums {
+  const uint32_t* hist;  // this CTA's histogram of the pass
+  SenderMail* mail;
+  int pass, cluster, rank;
   __device__ __forceinline__ void await_groups() const { push_wait(&mail->landed[pass][0]); }
-  __device__ __forceinline__ uint32_t group(int r, int g) const { return mail->groups[r][g]; }
-  __device__ __forceinline__ uint2 bin_pair(int r, int, int lane) const {
-    return *reinterpret_cast<const uint2*>(mail->bins[r] + kGroupBins - 2 - 2 * lane);
+  __device__ __forceinline__ uint32_t group_sum(int g, uint32_t& before) const {
+    return sum_over_cluster<true, uint32_t>(cluster, rank, [&](int r) { return mail->groups[r][g]; },
+                                            before);
   }
   //! Warp 0: pushes this CTA's bins [top - kGroupBins, top) into every CTA, then waits for
   //! the cluster's.
-  __device__ __forceinline__ void await_bins(int top, int cluster, int rank) const {
+  __device__ __forceinline__ void await_bins(int top, int, int) const {
     constexpr int kVectors = kGroupBins / 4;
     const uint4* mine = reinterpret_cast<const uint4*>(hist + top - kGroupBins);
     uint4* slot = reinterpret_cast<uint4*>(mail->bins[rank]);
@@ -530,34 +566,69 @@ struct MailedSums : CtaSums {
     }
     push_wait(&mail->landed[pass][1]);
   }
+  __device__ __forceinline__ uint2 bin_pair(int, int lane, uint2& before) const {
+    BinPair b;
+    const BinPair c = sum_over_cluster<true, BinPair>(
+        cluster, rank,
+        [&](int r) {
+          const uint2 q = *reinterpret_cast<const uint2*>(mail->bins[r] + kGroupBins - 2 - 2 * lane);
+          return BinPair{q.x, q.y};
+        },
+        b);
+    before = uint2{b.x, b.y};
+    return uint2{c.x, c.y};
+  }
+};
+
+//! find_digit's sums in a SumMail: added up as they landed (no counts of the CTAs before).
+struct AddedSums {
+  const uint32_t* hist;  // this CTA's histogram of the pass
+  SumMail* mail;
+  int pass, cluster;
+  __device__ __forceinline__ void await_groups() const { push_wait(&mail->landed[pass][0]); }
+  __device__ __forceinline__ uint32_t group_sum(int g, uint32_t& before) const {
+    before = 0;
+    return mail->groups[pass][g];
+  }
+  //! Warp 0: adds this CTA's bins [top - kGroupBins, top) into every CTA's, lane l's pair as
+  //! one 64-bit word (bin top - 2 - 2l in its low half: each bin's sum over the row stays
+  //! below 2^31, so the halves add up without a carry), then waits for the cluster's.
+  __device__ __forceinline__ void await_bins(int top, int, int) const {
+    const int lane = threadIdx.x;
+    const uint2 own = *reinterpret_cast<const uint2*>(hist + top - 2 - 2 * lane);
+    const uint64_t word = (uint64_t{own.y} << 32) | own.x;
+    uint64_t* slot = reinterpret_cast<uint64_t*>(&mail->bins[pass][kGroupBins - 2 - 2 * lane]);
+    for (int r = 0; r < cluster; ++r) push_add_u64(slot, word, &mail->landed[pass][1], r);
+    push_wait(&mail->landed[pass][1]);
+  }
+  __device__ __forceinline__ uint2 bin_pair(int, int lane, uint2& before) const {
+    before = uint2{0, 0};
+    return *reinterpret_cast<const uint2*>(&mail->bins[pass][kGroupBins - 2 - 2 * lane]);
+  }
 };
 
 /*!
- * \brief The pass's digit: finds, in the cluster's histograms (`bins` bins; `sums`: where
- *        find_digit reads them, CtaSums or MailedSums) the bin holding the remaining-th key
- *        in descending digit order, and stores it in s.digit, the keys of the higher bins in
+ * \brief The pass's digit: finds, in the cluster's histograms (`bins` bins; `sums`:
+ *        LocalSums, SenderSums or AddedSums) the bin holding the remaining-th key in
+ *        descending digit order, and stores it in s.digit, the keys of the higher bins in
  *        s.above and the bin's count in s.in_bin; kBefore: the same two counts over the CTAs
- *        of lower rank than this one (`rank`) in s.above_before and s.in_bin_before. Warp 0
- *        takes every CTA's group sums, then the 64 bins of the one group holding the key (3
- *        words per lane and CTA instead of whole histograms; a cluster of one reads its own).
- *        Every thread calls it once the sums are published (CtaSums) or pushed
- *        (MailedSums); the results are visible after the next __syncthreads.
+ *        of lower rank than this one in s.above_before and s.in_bin_before. Warp 0 takes
+ *        the cluster's group sums, then the 64 bins of the one group holding the key (3
+ *        words per lane instead of whole histograms). Every thread calls it once the group
+ *        sums are pushed; the results are visible after the next __syncthreads.
  */
-template <bool kBefore = false, typename Sums = CtaSums>
-__device__ __forceinline__ void find_digit(SharedState& s, const Sums& sums, int bins, int cluster,
-                                           int rank, uint32_t remaining) {
+template <bool kBefore, typename Sums>
+__device__ __forceinline__ void find_digit(SharedState& s, const Sums& sums, int bins,
+                                           int cluster, int rank, uint32_t remaining) {
   if (threadIdx.x >= 32) return;
-  if (cluster > 1) sums.await_groups();
+  sums.await_groups();
   const int lane = threadIdx.x;
   const int group_count = bins / kGroupBins;
   // Lane l holds group group_count - 1 - l (descending digit order along the lanes).
   const int g = group_count - 1 - lane;
   const int g_read = g >= 0 ? g : 0;  // lanes past the groups read group 0 and drop it
-  auto group_of = [&](int r) { return sums.group(r, g_read); };
   uint32_t group_before = 0;
-  uint32_t group_sum = cluster == 1 ? sums.groups[g_read]
-                                    : sum_over_cluster<kBefore, uint32_t>(cluster, rank, group_of,
-                                                                          group_before);
+  uint32_t group_sum = sums.group_sum(g_read, group_before);
   if (g < 0) group_sum = 0, group_before = 0;
   // The counts of the CTAs before are scanned beside the totals (kBefore): warp 0 is on the
   // critical path of every CTA, each scan a chain of shuffles.
@@ -566,22 +637,19 @@ __device__ __forceinline__ void find_digit(SharedState& s, const Sums& sums, int
   // The lowest group's lane (and below, the lowest bins' lane) always votes: it is the
   // first to reach `remaining` only where no group does, which takes a caller's race (a
   // streamed CTA's re-walk counting fewer keys than the pass before). Every CTA of the
-  // cluster then still reads the same published sums, inside the histograms, and takes
-  // the same branches at the same barriers.
+  // cluster then still finds the same digit from the same sums, and takes the same
+  // branches.
   const int first =
       __ffs(__ballot_sync(0xffffffffu, incl >= remaining || lane == group_count - 1)) - 1;
   const uint32_t above_group = __shfl_sync(0xffffffffu, incl - group_sum, first);
   const uint32_t above_group_before =
       kBefore ? __shfl_sync(0xffffffffu, incl_before - group_before, first) : 0;
   const int top = (group_count - 1 - first) * kGroupBins + kGroupBins;  // past the group
+  sums.await_bins(top, cluster, rank);
   // Lane l holds the bins top - 1 - 2l (c.x) and top - 2 - 2l (c.y).
-  auto pair_of = [](uint2 q) { return BinPair{q.y, q.x}; };
-  auto bins_at = [&](int r) { return pair_of(sums.bin_pair(r, top, lane)); };
-  BinPair b;  // the CTAs before this one
-  if (cluster > 1) sums.await_bins(top, cluster, rank);
-  const BinPair c =
-      cluster == 1 ? pair_of(*reinterpret_cast<const uint2*>(sums.hist + top - 2 - 2 * lane))
-                   : sum_over_cluster<kBefore, BinPair>(cluster, rank, bins_at, b);
+  uint2 q_before;
+  const uint2 q = sums.bin_pair(top, lane, q_before);
+  const BinPair c{q.y, q.x}, b{q_before.y, q_before.x};  // b: the CTAs before this one
   const uint32_t need = remaining - above_group;
   const uint32_t pair = c.x + c.y;
   const uint32_t pair_incl = warp_inclusive_sum_u32(pair);
@@ -604,29 +672,45 @@ __device__ __forceinline__ void find_digit(SharedState& s, const Sums& sums, int
 
 /*!
  * \brief The digit of pass `pass` over the cluster, once this CTA's histogram of the pass
- *        (s.hist[pass & 1], `bins` bins) is complete: find_digit over the group sums pushed
- *        into every CTA's `mail` (kMailed; the first pass waits for the mail to be open), or
- *        published by a cluster barrier and read where they are. kMailed also gives the
- *        counts of the CTAs before (find_digit's kBefore). Every thread calls it after a
- *        block barrier.
+ *        (s.hist[pass & 1], `bins` bins) is complete: its group sums pushed into every CTA's
+ *        `mail` (opened by open_mail; the first pass waits for every CTA's to be open), then
+ *        find_digit. kResident: a SenderMail, with the counts of the CTAs before; else a
+ *        SumMail, where pass 1 also pushes `bounds`, this CTA's least and greatest key of
+ *        the first digit's bin. Every thread calls it after a block barrier.
  */
-template <bool kMailed>
-__device__ __forceinline__ void cluster_digit(SharedState& s, HistogramMail* mail, int pass,
-                                              int bins, int cluster, int rank,
-                                              uint32_t remaining) {
+template <bool kResident>
+__device__ __forceinline__ void cluster_digit(SharedState& s, ClusterMail<kResident>* mail,
+                                              int pass, int bins, int cluster, int rank,
+                                              uint32_t remaining, uint2 bounds = {0, 0}) {
   uint32_t* hist = s.hist[pass & 1];
   uint32_t* groups = s.groups[pass & 1];
-  if (kMailed && cluster > 1) {
-    if (pass == 0) push_ready();
-    // Lane r of each warp pushes the warp's sums into CTA r.
-    for_each_group_sum(hist, bins, [&](int g, uint32_t sum, int lane) {
-      if (lane < cluster) push_u32(&mail->groups[rank][g], sum, &mail->landed[pass][0], lane);
-    });
-    find_digit<true>(s, MailedSums{{hist, groups}, mail, pass}, bins, cluster, rank, remaining);
-  } else {
+  if (cluster == 1) {
     sum_groups(hist, bins, groups);
-    cluster_barrier(cluster);  // every CTA's histogram of this pass is complete
-    find_digit<kMailed>(s, CtaSums{hist, groups}, bins, cluster, rank, remaining);
+    __syncthreads();
+    find_digit<kResident>(s, LocalSums{hist, groups}, bins, cluster, rank, remaining);
+    return;
+  }
+  if (pass == 0) push_ready();
+  uint64_t* landed = &mail->landed[pass][0];
+  // Lane r of each warp pushes the warp's sums into CTA r.
+  for_each_group_sum(hist, bins, [&](int g, uint32_t sum, int lane) {
+    if (lane < cluster) {
+      if constexpr (kResident) {
+        push_u32(&mail->groups[rank][g], sum, landed, lane);
+      } else {
+        push_add_u32(&mail->groups[pass][g], sum, landed, lane);
+      }
+    }
+  });
+  if constexpr (kResident) {
+    find_digit<true>(s, SenderSums{hist, mail, pass, cluster, rank}, bins, cluster, rank,
+                     remaining);
+  } else {
+    if (pass == 1 && static_cast<int>(threadIdx.x) < cluster) {
+      push_min_u32(&mail->bounds[0], bounds.x, landed, threadIdx.x);
+      push_max_u32(&mail->bounds[1], bounds.y, landed, threadIdx.x);
+    }
+    find_digit<false>(s, AddedSums{hist, mail, pass, cluster}, bins, cluster, rank, remaining);
   }
 }
 
@@ -649,7 +733,7 @@ struct Marks {
  */
 __device__ __forceinline__ uint32_t nth_digit(SharedState& s, uint32_t* hist, uint32_t* groups,
                                               uint32_t r) {
-  find_digit(s, CtaSums{hist, groups}, kBins, 1, 0, r);
+  find_digit<false>(s, LocalSums{hist, groups}, kBins, 1, 0, r);
   __syncwarp();  // one lane wrote s.digit and s.above
   const uint32_t d = s.digit;
   __syncwarp();  // read before the next write
@@ -1192,35 +1276,29 @@ struct ClusterSums {
 };
 
 /*!
- * \brief Exchanges this CTA's totals (x, y) with the cluster through distributed shared
- *        memory. `last`: no CTA's shared memory is read after this, so the arrival that
- *        lets the CTAs exit is made here (the kernel waits for it last). Every thread
- *        calls it.
+ * \brief Exchanges this CTA's totals (x, y) with the cluster: added into every CTA's `mail`
+ *        (SumMail; each total below 2^31 over the row, so x and y add up in one 64-bit word
+ *        without a carry between them). Every thread calls it, after the mail's push_ready.
  */
-__device__ __forceinline__ ClusterSums cluster_exchange(SharedState& s, int cluster, int rank,
-                                                        uint32_t x, uint32_t y, bool last) {
+__device__ __forceinline__ ClusterSums cluster_exchange(SharedState& s, SumMail* mail,
+                                                        int cluster, int rank, uint32_t x,
+                                                        uint32_t y) {
   ClusterSums sums;
   sums.x_all = x;
   sums.y_all = y;
   if (cluster == 1) return sums;
-  cg::cluster_group cl = cg::this_cluster();
-  if (threadIdx.x == 0) s.cta[0] = x, s.cta[1] = y;
-  cluster_barrier(cluster);  // every CTA's totals are published
-  if (threadIdx.x < 32) {
-    uint32_t v[4] = {0, 0, 0, 0};
-    if (static_cast<int>(threadIdx.x) < cluster) {
-      const SharedState* other = cl.map_shared_rank(&s, static_cast<int>(threadIdx.x));
-      v[2] = other->cta[0];
-      v[3] = other->cta[1];
-      if (static_cast<int>(threadIdx.x) < rank) v[0] = v[2], v[1] = v[3];
-    }
-#pragma unroll
-    for (int q = 0; q < 4; ++q) v[q] = warp_sum(v[q]);
-    if (threadIdx.x == 0) {
-      for (int q = 0; q < 4; ++q) s.sums[q] = v[q];
-    }
+  const uint64_t word = (uint64_t{y} << 32) | x;
+  const int r = static_cast<int>(threadIdx.x);
+  if (r < cluster) {
+    push_add_u64(&mail->totals[0], word, &mail->exchanged, r);
+    if (rank < r) push_add_u64(&mail->totals[1], word, &mail->exchanged, r);
   }
-  if (last) cluster_exit_arrive();  // done with the other CTAs' shared memory
+  if (threadIdx.x == 0) {
+    push_wait(&mail->exchanged);
+    const uint64_t all = mail->totals[0], before = mail->totals[1];
+    s.sums[0] = static_cast<uint32_t>(before), s.sums[1] = static_cast<uint32_t>(before >> 32);
+    s.sums[2] = static_cast<uint32_t>(all), s.sums[3] = static_cast<uint32_t>(all >> 32);
+  }
   __syncthreads();
   sums.x_before = s.sums[0];
   sums.y_before = s.sums[1];
@@ -1250,11 +1328,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
   constexpr bool kPacked = std::is_same<Sink, PackCandidatesArgs>::value;
   extern __shared__ __align__(16) uint32_t dynamic_smem[];
   __shared__ SharedState s;
-  // The passes' sums are pushed into resident CTAs (cluster_digit); streamed CTAs, two to an
-  // SM with no shared memory to spare, publish theirs by a cluster barrier.
-  __shared__ std::conditional_t<kResident, HistogramMail, char> mailbox;
-  HistogramMail* mail = nullptr;
-  if constexpr (kResident) mail = &mailbox;
+  __shared__ ClusterMail<kResident> mail;  // the cluster's sums (cluster_digit, cluster_exchange)
   // Clears the histograms and counters (a window of more than k columns counts in them).
   // Resident CTAs clear them before the wait for the previous kernel, as no global memory is
   // read, so that this overlaps that kernel's tail (streamed kernels spilled with it, so
@@ -1306,6 +1380,8 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
   bool all_ties_taken = false;
   uint32_t floor_key = 0;  // streamed: the capture floor (count_and_capture)
 
+  // Streamed CTAs exchange their totals whatever the window (cluster_exchange).
+  if (!kResident && cluster > 1) open_mail(mail, cluster, rank);
   if (w.count > k) {
     if (!kResident) {
       // A CTA past the launch's first wave starts beside other CTAs' streams and tails:
@@ -1322,7 +1398,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
     }
     __syncthreads();
     if constexpr (kResident) {
-      if (cluster > 1) open_mail(*mail, cluster);
+      if (cluster > 1) open_mail(mail, cluster, rank);
       load_and_count<Bits>(slice.src, slice.n, keys, s.hist[0]);
     } else {
       floor_key = count_and_capture<Bits, kAppendFromRegisters>(
@@ -1362,22 +1438,17 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
         }
       }
       __syncthreads();
-      cluster_digit<kResident>(s, mail, pass, bins, cluster, rank, remaining);
-      // The cluster's bounds of the bin (each CTA's, written before the barrier).
-      if (!kResident && pass == 1 && threadIdx.x < 32) {
-        uint32_t lo = ~0u, hi = 0;
-        if (static_cast<int>(threadIdx.x) < cluster) {
-          const SharedState* other =
-              cluster > 1 ? cg::this_cluster().map_shared_rank(&s, static_cast<int>(threadIdx.x))
-                          : &s;
-          lo = other->bin_lo, hi = other->bin_hi;
+      cluster_digit<kResident>(s, &mail, pass, bins, cluster, rank, remaining,
+                               uint2{s.bin_lo, s.bin_hi});
+      // The cluster's bounds of the bin (pushed with the pass's sums, which warp 0 waited for).
+      if constexpr (!kResident) {
+        if (pass == 1 && threadIdx.x == 0) {
+          const uint32_t lo = cluster > 1 ? mail.bounds[0] : s.bin_lo;
+          const uint32_t hi = cluster > 1 ? mail.bounds[1] : s.bin_hi;
+          s.single_key = lo == hi, s.bin_key = lo;
         }
-        lo = __reduce_min_sync(0xffffffffu, lo), hi = __reduce_max_sync(0xffffffffu, hi);
-        if (threadIdx.x == 0) s.single_key = lo == hi, s.bin_key = lo;
       }
-      // Pass 2 reuses pass 0's buffer: its bins were pushed in pass 0, or (streamed) every
-      // CTA has read them by now.
-      if (pass == 1) {
+      if (pass == 1) {  // pass 2 reuses pass 0's buffer (its bins were pushed in pass 0)
         for (int i = threadIdx.x; i < kBins; i += kThreads) s.hist[0][i] = 0;
       }
       __syncthreads();
@@ -1510,8 +1581,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
   };
   const uint32_t segments = one_segment || merged ? 1 : (slice.n - 1) / segment + 1;
   // Staged ids (below) go to memory free after the passes: the candidate list of a resident
-  // CTA (the others may still read its histograms, as no exchange follows the last pass),
-  // else the histograms (the exchange orders every CTA's reads of them before).
+  // CTA, else the histograms.
   int32_t* const stage =
       kResident ? reinterpret_cast<int32_t*>(m.cand) : reinterpret_cast<int32_t*>(&s.hist[0][0]);
   // One CTA per row needs no exchange for its output positions: a slice of several
@@ -1548,7 +1618,8 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
     selected.x_before = s.gt_before;
     selected.y_before = s.eq_before;
   } else {
-    selected = cluster_exchange(s, cluster, rank, gt_total, eq_total, !a.sorted);
+    if (w.count <= k && cluster > 1) push_ready();  // no pass waited for the mail
+    selected = cluster_exchange(s, &mail, cluster, rank, gt_total, eq_total);
   }
   const int64_t taken = w.count < k ? w.count : k;
 
@@ -1702,7 +1773,6 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
       return;
     }
   }
-  if (!kResident && cluster > 1) cg::this_cluster().barrier_wait();  // cluster_exchange's arrival
 }
 
 /*!
@@ -2041,7 +2111,7 @@ __global__ void __launch_bounds__(kRegisterThreads, 1)
   static_assert(kBlock == kThreads, "for_each_group_sum takes the kWarps warps of a CTA");
   constexpr int64_t kAlign = 16 / sizeof(Bits);  // columns of a 16-byte vector
   __shared__ SharedState s;
-  __shared__ HistogramMail mail;
+  __shared__ SenderMail mail;
   __shared__ uint32_t warp_counts[kWarps];
   for (int i = threadIdx.x; i < 2 * kBins; i += kBlock) (&s.hist[0][0])[i] = 0;
   if (threadIdx.x == 0) s.gt_before = 0, s.eq_before = 0;
@@ -2097,7 +2167,7 @@ __global__ void __launch_bounds__(kRegisterThreads, 1)
       }
     }
   } else {
-    if (cluster > 1) open_mail(mail, cluster);
+    if (cluster > 1) open_mail(mail, cluster, rank);
     uint32_t key[kItems];
     load_thread_keys<Bits, kItems>(static_cast<const Bits*>(a.logits) + row * a.row_stride +
                                        w.start + lo,
