@@ -75,36 +75,34 @@ __device__ __forceinline__ void push_u32x4(uint4* slot, uint4 value, uint64_t* b
       : "memory");
 }
 
-// Adds `value` to (or takes the least or greatest of it and) `slot` in the shared memory of
-// cluster CTA `rank`, counted by that CTA's `barrier` (4 bytes; 8 for push_add_u64). Sums
-// pushed by several CTAs add up in place.
-__device__ __forceinline__ void push_add_u32(uint32_t* slot, uint32_t value, uint64_t* barrier,
-                                             uint32_t rank) {
+//! What a red.async push does to the receiver's slot.
+enum class PushOp { kAdd, kMin, kMax };
+
+//! Adds `value` to `slot` (kMin / kMax: keeps the least / greatest of the two) in the shared
+//! memory of cluster CTA `rank`, counted by that CTA's `barrier` as 4 bytes. The values
+//! several CTAs push into one slot combine there.
+template <PushOp kOp>
+__device__ __forceinline__ void push_reduce_u32(uint32_t* slot, uint32_t value,
+                                                uint64_t* barrier, uint32_t rank) {
   const RemoteSlot r = remote_slot(slot, barrier, rank);
-  asm volatile(
-      "red.async.relaxed.cluster.shared::cluster.mbarrier::complete_tx::bytes.add.u32 [%0], %1, [%2];"
-      ::"r"(r.slot), "r"(value), "r"(r.barrier) : "memory");
+  if constexpr (kOp == PushOp::kAdd) {
+    asm volatile("red.async.relaxed.cluster.shared::cluster.mbarrier::complete_tx::bytes.add.u32"
+                 " [%0], %1, [%2];" ::"r"(r.slot), "r"(value), "r"(r.barrier) : "memory");
+  } else if constexpr (kOp == PushOp::kMin) {
+    asm volatile("red.async.relaxed.cluster.shared::cluster.mbarrier::complete_tx::bytes.min.u32"
+                 " [%0], %1, [%2];" ::"r"(r.slot), "r"(value), "r"(r.barrier) : "memory");
+  } else {
+    asm volatile("red.async.relaxed.cluster.shared::cluster.mbarrier::complete_tx::bytes.max.u32"
+                 " [%0], %1, [%2];" ::"r"(r.slot), "r"(value), "r"(r.barrier) : "memory");
+  }
 }
+
+//! push_reduce_u32<PushOp::kAdd> of a 64-bit value (8 bytes).
 __device__ __forceinline__ void push_add_u64(uint64_t* slot, uint64_t value, uint64_t* barrier,
                                              uint32_t rank) {
   const RemoteSlot r = remote_slot(slot, barrier, rank);
-  asm volatile(
-      "red.async.relaxed.cluster.shared::cluster.mbarrier::complete_tx::bytes.add.u64 [%0], %1, [%2];"
-      ::"r"(r.slot), "l"(value), "r"(r.barrier) : "memory");
-}
-__device__ __forceinline__ void push_min_u32(uint32_t* slot, uint32_t value, uint64_t* barrier,
-                                             uint32_t rank) {
-  const RemoteSlot r = remote_slot(slot, barrier, rank);
-  asm volatile(
-      "red.async.relaxed.cluster.shared::cluster.mbarrier::complete_tx::bytes.min.u32 [%0], %1, [%2];"
-      ::"r"(r.slot), "r"(value), "r"(r.barrier) : "memory");
-}
-__device__ __forceinline__ void push_max_u32(uint32_t* slot, uint32_t value, uint64_t* barrier,
-                                             uint32_t rank) {
-  const RemoteSlot r = remote_slot(slot, barrier, rank);
-  asm volatile(
-      "red.async.relaxed.cluster.shared::cluster.mbarrier::complete_tx::bytes.max.u32 [%0], %1, [%2];"
-      ::"r"(r.slot), "r"(value), "r"(r.barrier) : "memory");
+  asm volatile("red.async.relaxed.cluster.shared::cluster.mbarrier::complete_tx::bytes.add.u64"
+               " [%0], %1, [%2];" ::"r"(r.slot), "l"(value), "r"(r.barrier) : "memory");
 }
 
 //! Waits until every byte this CTA's barrier expects has landed (and is visible).

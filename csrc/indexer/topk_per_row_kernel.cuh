@@ -698,7 +698,7 @@ __device__ __forceinline__ void cluster_digit(SharedState& s, ClusterMail<kResid
       if constexpr (kResident) {
         push_u32(&mail->groups[rank][g], sum, landed, lane);
       } else {
-        push_add_u32(&mail->groups[pass][g], sum, landed, lane);
+        push_reduce_u32<PushOp::kAdd>(&mail->groups[pass][g], sum, landed, lane);
       }
     }
   });
@@ -707,8 +707,8 @@ __device__ __forceinline__ void cluster_digit(SharedState& s, ClusterMail<kResid
                      remaining);
   } else {
     if (pass == 1 && static_cast<int>(threadIdx.x) < cluster) {
-      push_min_u32(&mail->bounds[0], bounds.x, landed, threadIdx.x);
-      push_max_u32(&mail->bounds[1], bounds.y, landed, threadIdx.x);
+      push_reduce_u32<PushOp::kMin>(&mail->bounds[0], bounds.x, landed, threadIdx.x);
+      push_reduce_u32<PushOp::kMax>(&mail->bounds[1], bounds.y, landed, threadIdx.x);
     }
     find_digit<false>(s, AddedSums{hist, mail, pass, cluster}, bins, cluster, rank, remaining);
   }
