@@ -41,7 +41,7 @@
 //   over a contiguous run of words (an odd number, so a warp's reads hit distinct banks);
 //   a block scan and the selected keys of the CTAs before give every selected column its
 //   output position, the number of selected columns before it. Streamed CTAs exchange their
-//   totals (distributed shared memory, one more cluster barrier); resident ones, whose
+//   totals (pushed, cluster_exchange); resident ones, whose
 //   marks are the very keys their histograms counted, sum what find_digit read of the CTAs
 //   before in each pass (H200, beside main in one call: 1 x 32K 9.50 -> 9.02 us, 16 x 128K
 //   17.81 -> 17.44). Ids are in ascending column order, no sort; up to kStagedSlots per CTA
@@ -223,7 +223,7 @@ struct RefineFloor {
 struct SharedState {
   alignas(16) uint32_t hist[2][kBins];  // read as 16-byte vectors; then the staged ids
   uint32_t warp_a[kWarps], warp_b[kWarps];
-  uint32_t groups[2][kBins / kGroupBins];  // group sums of hist, read by the others
+  uint32_t groups[2][kBins / kGroupBins];  // group sums of hist (a cluster of one; capture_floor)
   uint32_t digit, above, in_bin;
   // find_digit's counts over the CTAs of lower rank, and the kernel's sums of them over the
   // passes: the selected keys of those CTAs above the threshold and equal to it.
@@ -233,7 +233,6 @@ struct SharedState {
   uint32_t bin_key;
   uint32_t candidates;  // appended to the candidate list
   RefineFloor refine;   // capture_floor's hand-over to refine_capture_floor
-  uint32_t cta[2];      // this CTA's totals for the exchange, read by the others
   uint32_t sums[4];     // the exchange's result, for every thread
 };
 
