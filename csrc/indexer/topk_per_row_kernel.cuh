@@ -269,6 +269,14 @@ __device__ __forceinline__ void block_scan2(SharedState& s, uint32_t a, uint32_t
   if (kEndBarrier) __syncthreads();
 }
 
+//! Arrives at the cluster barrier with every thread's memory accesses before it released
+//! to the cluster (see cluster_barrier). Every thread calls it.
+__device__ __forceinline__ void cluster_arrive_released() {
+  __syncthreads();
+  if (threadIdx.x < 32) asm volatile("fence.acq_rel.cluster;" ::: "memory");
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+}
+
 //! Waits until every CTA of the cluster has arrived (a plain block barrier without one);
 //! every thread's memory accesses before it (shared, distributed shared and global) are
 //! visible to every thread of the cluster after it. The block barrier orders the CTA's
@@ -280,10 +288,8 @@ __device__ __forceinline__ void block_scan2(SharedState& s, uint32_t a, uint32_t
 //! 64-register streamed builds spilled with one block barrier before the test.
 __device__ __forceinline__ void cluster_barrier(int cluster) {
   if (cluster > 1) {
-    __syncthreads();
-    if (threadIdx.x < 32) asm volatile("fence.acq_rel.cluster;" ::: "memory");
-    asm volatile("barrier.cluster.arrive.relaxed.aligned;\n\tbarrier.cluster.wait.aligned;" ::
-                     : "memory");
+    cluster_arrive_released();
+    asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
   } else {
     __syncthreads();
   }
@@ -446,7 +452,7 @@ struct LocalSums {
     before = 0;
     return groups[g];
   }
-  __device__ __forceinline__ void await_bins(int, int, int) const {}
+  __device__ __forceinline__ void await_bins(int) const {}
   //! Bins top - 2 - 2 * lane (x) and top - 1 - 2 * lane (y): lane `lane`'s pair of the
   //! group below `top`.
   __device__ __forceinline__ uint2 bin_pair(int top, int lane, uint2& before) const {
@@ -510,38 +516,35 @@ static_assert(kStreamedPerSm * (dynamic_smem_bytes(kPlanLongSlice, false) +
 
 /*!
  * \brief Opens the mail of CTA `rank` of `cluster` (> 1): sets up its barriers with the
- *        bytes each round brings (SumMail: and clears its sums), then every thread arrives
- *        at the cluster barrier that publishes them (waited on before the first push,
- *        push_ready). Every thread calls it.
+ *        bytes each round brings (SumMail: and clears its sums, which its arrival releases
+ *        to the cluster), then every thread arrives at the cluster barrier that publishes
+ *        them (waited on before the first push, push_ready). Every thread calls it.
  */
-__device__ __forceinline__ void open_mail(SenderMail& mail, int cluster, int) {
-  if (threadIdx.x == 0) {
-    for (int pass = 0; pass < 3; ++pass) {
-      push_barrier_init(&mail.landed[pass][0], cluster * (pass_bins(pass) / kGroupBins) * 4u);
-      push_barrier_init(&mail.landed[pass][1], cluster * kGroupBins * 4u);
-    }
+template <typename Mail>
+__device__ __forceinline__ void open_mail(Mail& mail, int cluster, int rank) {
+  constexpr bool kSums = std::is_same<Mail, SumMail>::value;
+  if constexpr (kSums) {
+    constexpr int kWords = static_cast<int>(offsetof(SumMail, landed) / 4);
+    constexpr int kLeast = static_cast<int>(offsetof(SumMail, bounds) / 4);
+    uint32_t* words = reinterpret_cast<uint32_t*>(&mail);
+    for (int i = threadIdx.x; i < kWords; i += blockDim.x) words[i] = i == kLeast ? ~0u : 0u;
   }
-  push_arrive();
-}
-__device__ __forceinline__ void open_mail(SumMail& mail, int cluster, int rank) {
-  constexpr int kWords = static_cast<int>(offsetof(SumMail, landed) / 4);
-  constexpr int kLeast = static_cast<int>(offsetof(SumMail, bounds) / 4);
-  uint32_t* words = reinterpret_cast<uint32_t*>(&mail);
-  for (int i = threadIdx.x; i < kWords; i += blockDim.x) words[i] = i == kLeast ? ~0u : 0u;
   if (threadIdx.x == 0) {
     for (int pass = 0; pass < 3; ++pass) {
-      const uint32_t bounds = pass == 1 ? cluster * 8u : 0u;  // a least and a greatest key
+      const uint32_t bounds = kSums && pass == 1 ? cluster * 8u : 0u;  // a least, a greatest
       push_barrier_init(&mail.landed[pass][0],
                         cluster * (pass_bins(pass) / kGroupBins) * 4u + bounds);
       push_barrier_init(&mail.landed[pass][1], cluster * kGroupBins * 4u);
     }
-    push_barrier_init(&mail.exchanged, (cluster + rank) * 8u);  // every CTA's, those before's
+    if constexpr (kSums) {
+      push_barrier_init(&mail.exchanged, (cluster + rank) * 8u);  // every CTA's, those before's
+    }
   }
-  // The cleared sums before any push: one warp's cluster-scope fence after the block barrier
-  // covers every thread's stores (cluster_barrier says why not a release in every thread).
-  __syncthreads();
-  if (threadIdx.x < 32) asm volatile("fence.acq_rel.cluster;" ::: "memory");
-  push_arrive();
+  if constexpr (kSums) {
+    cluster_arrive_released();  // the cleared sums before any push
+  } else {
+    push_arrive();
+  }
 }
 
 //! find_digit's sums in a SenderMail: each CTA's, summed by the reader.
@@ -556,7 +559,7 @@ struct SenderSums {
   }
   //! Warp 0: pushes this CTA's bins [top - kGroupBins, top) into every CTA, then waits for
   //! the cluster's.
-  __device__ __forceinline__ void await_bins(int top, int, int) const {
+  __device__ __forceinline__ void await_bins(int top) const {
     constexpr int kVectors = kGroupBins / 4;
     const uint4* mine = reinterpret_cast<const uint4*>(hist + top - kGroupBins);
     uint4* slot = reinterpret_cast<uint4*>(mail->bins[rank]);
@@ -592,7 +595,7 @@ struct AddedSums {
   //! Warp 0: adds this CTA's bins [top - kGroupBins, top) into every CTA's, lane l's pair as
   //! one 64-bit word (bin top - 2 - 2l in its low half: each bin's sum over the row stays
   //! below 2^31, so the halves add up without a carry), then waits for the cluster's.
-  __device__ __forceinline__ void await_bins(int top, int, int) const {
+  __device__ __forceinline__ void await_bins(int top) const {
     const int lane = threadIdx.x;
     const uint2 own = *reinterpret_cast<const uint2*>(hist + top - 2 - 2 * lane);
     const uint64_t word = (uint64_t{own.y} << 32) | own.x;
@@ -618,7 +621,7 @@ struct AddedSums {
  */
 template <bool kBefore, typename Sums>
 __device__ __forceinline__ void find_digit(SharedState& s, const Sums& sums, int bins,
-                                           int cluster, int rank, uint32_t remaining) {
+                                           uint32_t remaining) {
   if (threadIdx.x >= 32) return;
   sums.await_groups();
   const int lane = threadIdx.x;
@@ -644,7 +647,7 @@ __device__ __forceinline__ void find_digit(SharedState& s, const Sums& sums, int
   const uint32_t above_group_before =
       kBefore ? __shfl_sync(0xffffffffu, incl_before - group_before, first) : 0;
   const int top = (group_count - 1 - first) * kGroupBins + kGroupBins;  // past the group
-  sums.await_bins(top, cluster, rank);
+  sums.await_bins(top);
   // Lane l holds the bins top - 1 - 2l (c.x) and top - 2 - 2l (c.y).
   uint2 q_before;
   const uint2 q = sums.bin_pair(top, lane, q_before);
@@ -686,7 +689,7 @@ __device__ __forceinline__ void cluster_digit(SharedState& s, ClusterMail<kResid
   if (cluster == 1) {
     sum_groups(hist, bins, groups);
     __syncthreads();
-    find_digit<kResident>(s, LocalSums{hist, groups}, bins, cluster, rank, remaining);
+    find_digit<kResident>(s, LocalSums{hist, groups}, bins, remaining);
     return;
   }
   if (pass == 0) push_ready();
@@ -702,14 +705,13 @@ __device__ __forceinline__ void cluster_digit(SharedState& s, ClusterMail<kResid
     }
   });
   if constexpr (kResident) {
-    find_digit<true>(s, SenderSums{hist, mail, pass, cluster, rank}, bins, cluster, rank,
-                     remaining);
+    find_digit<true>(s, SenderSums{hist, mail, pass, cluster, rank}, bins, remaining);
   } else {
     if (pass == 1 && static_cast<int>(threadIdx.x) < cluster) {
       push_reduce_u32<PushOp::kMin>(&mail->bounds[0], bounds.x, landed, threadIdx.x);
       push_reduce_u32<PushOp::kMax>(&mail->bounds[1], bounds.y, landed, threadIdx.x);
     }
-    find_digit<false>(s, AddedSums{hist, mail, pass, cluster}, bins, cluster, rank, remaining);
+    find_digit<false>(s, AddedSums{hist, mail, pass, cluster}, bins, remaining);
   }
 }
 
@@ -732,7 +734,7 @@ struct Marks {
  */
 __device__ __forceinline__ uint32_t nth_digit(SharedState& s, uint32_t* hist, uint32_t* groups,
                                               uint32_t r) {
-  find_digit<false>(s, LocalSums{hist, groups}, kBins, 1, 0, r);
+  find_digit<false>(s, LocalSums{hist, groups}, kBins, r);
   __syncwarp();  // one lane wrote s.digit and s.above
   const uint32_t d = s.digit;
   __syncwarp();  // read before the next write
