@@ -10,10 +10,10 @@ PLAN as set_topk_plan_override, the ids checked against a host selection (a MISM
 names the first difference). It prints the back-to-back launch time and each stamp's
 microseconds since the CTA started:
 1 after the wait for the previous kernel, 2 / 3 around the load, per pass p 4 + 4p / 5 + 4p
-around the cluster barrier and 6 + 4p once the digit is known, 7 after the candidate list,
-16 before the marking, 17 after the counts, 18 after the exchange, 15 once the thread has
-staged its ids (before the barrier), 29 after that barrier, 30 after the id stores, 31 after
-the -1 fill, 19 after the writes, 20 at the end; where the marks are cleared and made per
+around the block barrier after the pass's counts and 6 + 4p once the cluster's digit is
+known, 7 after the candidate list, 16 before the marking, 17 after the counts, 18 after the
+exchange, 15 once the thread has staged its ids (before the barrier), 29 after that barrier,
+30 after the id stores, 31 after the -1 fill (the end); where the marks are cleared and made per
 segment (seg 0 / 1: 21 / 25 before the marks from the list, 22 / 26 after them, 23 / 27
 after the word counts, 24 / 28 after their scan). The compiler may move work across a
 stamp: read them as approximate.
@@ -51,18 +51,17 @@ def stamped_kernel() -> str:
         global src
         assert src.count(old) == count, (old, src.count(old))
         src = src.replace(old, new)
-    rep("namespace cg = cooperative_groups;\n", "namespace cg = cooperative_groups;\n" + pre)
+    rep("namespace dsa {\nnamespace {\n", "namespace dsa {\nnamespace {\n" + pre)
     rep("  if (kResident) clear_counters();\n  await_previous_kernel();\n", "  stamp(0);\n  if (kResident) clear_counters();\n  await_previous_kernel();\n  stamp(1);\n")
-    rep("    if constexpr (kResident) {\n      load_and_count<Bits>(", "    stamp(2);\n    if constexpr (kResident) {\n      load_and_count<Bits>(")
+    rep("    if constexpr (kResident) {\n      if (cluster > 1) open_mail(mail, cluster, rank);\n", "    stamp(2);\n    if constexpr (kResident) {\n      if (cluster > 1) open_mail(mail, cluster, rank);\n")
     rep("cluster == 1);\n    }\n", "cluster == 1);\n    }\n    stamp(3);\n")
-    rep("      cluster_barrier(cluster);  // every CTA's histogram of this pass is complete\n", "      stamp(4 + 4 * pass);\n      cluster_barrier(cluster);  // every CTA's histogram of this pass is complete\n      stamp(5 + 4 * pass);\n")
+    rep("      __syncthreads();\n      cluster_digit<kResident>(", "      stamp(4 + 4 * pass);\n      __syncthreads();\n      stamp(5 + 4 * pass);\n      cluster_digit<kResident>(")
     rep("      prefix |= s.digit << digit_shift;\n", "      stamp(6 + 4 * pass);\n      prefix |= s.digit << digit_shift;\n")
     rep("            listed_count = in_bin;\n", "            listed_count = in_bin;\n            stamp(7);\n")
     rep("            listed_count = s.candidates < kList ? s.candidates : kList;\n", "            listed_count = s.candidates < kList ? s.candidates : kList;\n            stamp(7);\n")
     rep("  const bool marked_from_list = listed && (one_segment || captured);\n", "  stamp(16);\n  const bool marked_from_list = listed && (one_segment || captured);\n")
     rep("  ClusterSums selected;\n", "  stamp(17);\n  ClusterSums selected;\n")
     rep("  const int64_t taken = w.count < k ? w.count : k;\n\n", "  stamp(18);\n  const int64_t taken = w.count < k ? w.count : k;\n\n")
-    rep("  if (cluster > 1) cg::this_cluster().barrier_wait();\n}", "  stamp(19);\n  if (cluster > 1) cg::this_cluster().barrier_wait();\n  stamp(20);\n}")
     rep("      mark_from_list(s0, s1);\n    }\n    __syncthreads();\n", "      stamp(21 + 4 * (seg & 1));\n      mark_from_list(s0, s1);\n    }\n    __syncthreads();\n    stamp(22 + 4 * (seg & 1));\n")
     rep("    block_scan2<false>(s, gt, eq, gt_before, eq_before, gt_total, eq_total);\n  };", "    stamp(23 + 4 * (seg & 1));\n    block_scan2<false>(s, gt, eq, gt_before, eq_before, gt_total, eq_total);\n    stamp(24 + 4 * (seg & 1));\n  };")
     rep("    for_each_selected([&](int64_t pos, int32_t id) { stage[pos - first] = id; });\n    __syncthreads();\n  }\n", "    for_each_selected([&](int64_t pos, int32_t id) { stage[pos - first] = id; });\n    stamp(15);\n    __syncthreads();\n  }\n  stamp(29);\n")
