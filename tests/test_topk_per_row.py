@@ -511,10 +511,12 @@ def capture_rows(L, dtype, seed):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-# Slices past kCaptureMinSlice (32768) capture; (20000, 101) and (131072, 104) walk; one CTA
-# of 131072 and 140000 columns marks two and three bitmap segments from its list.
-@pytest.mark.parametrize("L, plan", [(131072, 102), (131075, 102), (40000, 101), (20000, 101),
-                                     (131072, 104), (131072, 101), (140000, 101)])
+# Slices of kCaptureMinSlice (32768) columns capture in fp32, walk in bf16; longer ones capture
+# in both; (32767, 101), (20000, 101) and (131072, 104) walk; one CTA of 131072 and 140000
+# columns marks two and three bitmap segments from its list.
+@pytest.mark.parametrize("L, plan", [(131072, 102), (131075, 102), (40000, 101), (32768, 101),
+                                     (32767, 101), (20000, 101), (131072, 104), (131072, 101),
+                                     (140000, 101)])
 def test_streamed_capture_paths(dtype, L, plan):
     x = capture_rows(L, dtype, L + plan)
     with forced_topk_plan(plan):

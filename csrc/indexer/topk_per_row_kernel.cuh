@@ -34,8 +34,8 @@
 //   Where that digit's keys would overflow the list (ties, narrow ranges), one CTA per row
 //   refines the floor to a second digit (refine_capture_floor): the list then holds the
 //   row's selection when it holds at least k keys. A CTA walks only when the capture
-//   overflowed or missed the selection, and slices of at most kCaptureMinSlice columns walk
-//   without capturing.
+//   overflowed or missed the selection, and shorter slices (kCaptureMinSlice) walk without
+//   capturing.
 // - Output positions: the selection is the marked keys above the threshold and the first
 //   `remaining` (in column order) of those equal to it. Each thread counts both bitmaps
 //   over a contiguous run of words (an odd number, so a warp's reads hit distinct banks);
@@ -98,16 +98,20 @@ constexpr int64_t list_capacity(bool resident) { return resident ? 2048 : 10112;
 //! captured keys may be expected to fill before the margin is given up.
 constexpr uint32_t kFloorMargin = 2;
 constexpr uint32_t kFloorFillNum = 9, kFloorFillDen = 10;
-//! Streamed slices of at most this many columns walk instead of capturing. H200, k = 2048,
-//! the capture merged (topk-floor) against main before it, calls 2 and 11 of the seventh
-//! session: 64K-column slices gained (256 x 128K 100.9 -> 81.9 us), 32K ones lost (256 x
-//! 32K 27.9 -> 28.9) and 8K ones lost more (256 x 8192 13.3 -> 17.7, 1024 x 8192 48.3 ->
-//! 62.4). To be measured: this bound against capturing everywhere, in one call.
+//! Streamed fp32 slices shorter than this many columns, and bf16 ones of at most this many,
+//! walk instead of capturing (streamed_capture). H100, graph us, k = 2048, one CTA a row,
+//! capturing at 32768 fp32 columns against walking: 256 x 32K 27.6 -> 25.5, 512 x 32K 58.3 ->
+//! 54.2, 1024 x 32K 106.1 -> 100.6, its slots, candidates and sorted ids 1.5-2.0 faster;
+//! shorter slices lost (300 x 24576 33.2 -> 35.0, 256 x 16384 18.3 -> 19.3, 256 x 10000 14.9
+//! -> 17.7), and so did bf16 at 32768 (25.0 -> 25.6: the slice is its first batch, 32K bf16
+//! keys, count_and_capture).
 constexpr int64_t kCaptureMinSlice = 32768;
 //! Whether streamed CTAs of `slice` columns capture candidates while counting (else k alone
 //! would fill the list, or the slice is short enough to walk).
+template <typename Bits>
 __host__ __device__ constexpr bool streamed_capture(int64_t k, int64_t slice) {
-  return k < list_capacity(false) && slice > kCaptureMinSlice;
+  return k < list_capacity(false) &&
+         (sizeof(Bits) == 4 ? slice >= kCaptureMinSlice : slice > kCaptureMinSlice);
 }
 //! Columns the two bitmaps of a CTA cover at most (16 KB: with the streamed list, 96 KB,
 //! two streamed CTAs fit an SM); longer slices are marked one segment at a time.
@@ -860,8 +864,8 @@ __device__ __forceinline__ uint32_t refine_capture_floor(SharedState& s, uint32_
  *        k + kUnalignedKeys (one CTA per row); else the kernel walks the slice. Host model of
  *        the list sizes: tools/topk_capture_sizes.py (k = 2048, 64K-column slices: about 2.6K
  *        captured on randn rows, 8.2K on 16-value and uniform ones). `capturing` false (k
- *        alone would fill the list, or the row's slices are at most kCaptureMinSlice
- *        columns): counts only, returns 0. Every thread calls it.
+ *        alone would fill the list, or the row's slices are short: streamed_capture):
+ *        counts only, returns 0. Every thread calls it.
  */
 template <typename Bits, bool kFromRegisters>
 __device__ __forceinline__ uint32_t count_and_capture(SharedState& s, const Bits* src, uint32_t n,
@@ -1366,7 +1370,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
   // Streamed CTAs capture candidates while counting, unless k alone would fill the list or
   // the launch's slices are short (their walk is one re-read of a few batches, mostly from
   // L2, cheaper than capturing every batch). `per` is the same for every CTA of the row.
-  const bool capturing = !kResident && streamed_capture(k, per);
+  const bool capturing = !kResident && streamed_capture<Bits>(k, per);
 
   // The selection: keys with high_bits(key, shift) > threshold, and the first `remaining`
   // (column order) of those equal to it. A window of at most k columns is taken whole.
@@ -2380,7 +2384,7 @@ void launch_plan(const TopkPerRowArgs& a, const Sink& sink, const TopkPlan& plan
                  const Place& place) {
   if (plan.resident) return launch<Bits, true, Sink, kPow2>(a, sink, plan, place);
   if constexpr (sizeof(Bits) == 4) {
-    if (streamed_capture(a.k, plan.slice)) {
+    if (streamed_capture<Bits>(a.k, plan.slice)) {
       return launch<Bits, false, Sink, kPow2, true>(a, sink, plan, place);
     }
   }
