@@ -35,10 +35,8 @@ __global__ void __cluster_dims__(8, 1, 1) relaxed_rounds(int* out) {
   if (threadIdx.x == 0) out[blockIdx.x] = acc;
 }
 
-__global__ void __cluster_dims__(8, 1, 1) push_rounds(int* out) {
-  __shared__ uint32_t slot[2][8];
-  __shared__ uint64_t bar[2];
-  const unsigned rank = cg::this_cluster().block_rank();
+// The two round barriers (one arrival each), published to the cluster before any push.
+__device__ void open_round_barriers(uint64_t* bar) {
   if (threadIdx.x == 0) {
     for (int b = 0; b < 2; ++b) {
       uint32_t a = (uint32_t)__cvta_generic_to_shared(&bar[b]);
@@ -48,6 +46,13 @@ __global__ void __cluster_dims__(8, 1, 1) push_rounds(int* out) {
   }
   asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
   asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
+}
+
+__global__ void __cluster_dims__(8, 1, 1) push_rounds(int* out) {
+  __shared__ uint32_t slot[2][8];
+  __shared__ uint64_t bar[2];
+  const unsigned rank = cg::this_cluster().block_rank();
+  open_round_barriers(bar);
   int acc = 0;
   for (int i = 0; i < N; ++i) {
     const int b = i & 1;
@@ -86,15 +91,7 @@ __global__ void histogram_rounds(int* out) {
   const unsigned cluster = cg::this_cluster().num_blocks();
   uint32_t* own = smem;                        // [2][kHistWords]
   uint32_t* slot = smem + 2 * kHistWords;      // [2][cluster][kHistWords]
-  if (threadIdx.x == 0) {
-    for (int b = 0; b < 2; ++b) {
-      uint32_t a = (uint32_t)__cvta_generic_to_shared(&bar[b]);
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(a));
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;");
-  }
-  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
-  asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
+  open_round_barriers(bar);
   int wrong = 0;
   const uint32_t bytes = (cluster - 1) * kHistWords * 4;
   for (int i = 0; i < N; ++i) {
