@@ -48,6 +48,25 @@ __device__ void open_round_barriers(uint64_t* bar) {
   asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
 }
 
+// Waits until round barrier `bar` (a shared-window address) completes the phase `parity`.
+__device__ void await_round(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  while (!done) {
+    asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}" : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+  }
+}
+
+// The addresses of this CTA's `slot` and `bar` (shared-window addresses) in cluster CTA `rank`.
+struct Remote {
+  uint32_t slot, bar;
+};
+__device__ Remote remote(uint32_t slot, uint32_t bar, unsigned rank) {
+  Remote r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r.slot) : "r"(slot), "r"(rank));
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r.bar) : "r"(bar), "r"(rank));
+  return r;
+}
+
 __global__ void __cluster_dims__(8, 1, 1) push_rounds(int* out) {
   __shared__ uint32_t slot[2][8];
   __shared__ uint64_t bar[2];
@@ -62,15 +81,10 @@ __global__ void __cluster_dims__(8, 1, 1) push_rounds(int* out) {
     // a peer may push round i+2 into slot b only after it got our round i+1 push, which we send after reading round i
     __syncthreads();
     if (threadIdx.x < 8 && threadIdx.x != rank) {
-      uint32_t ls = (uint32_t)__cvta_generic_to_shared(&slot[b][rank]), rs, rb;
-      asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rs) : "r"(ls), "r"(threadIdx.x));
-      asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rb) : "r"(lb), "r"(threadIdx.x));
-      asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(rs), "r"(i + rank), "r"(rb) : "memory");
+      const Remote r = remote((uint32_t)__cvta_generic_to_shared(&slot[b][rank]), lb, threadIdx.x);
+      asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(r.slot), "r"(i + rank), "r"(r.bar) : "memory");
     }
-    uint32_t done = 0;
-    while (!done) {
-      asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}" : "=r"(done) : "r"(lb), "r"(parity) : "memory");
-    }
+    await_round(lb, parity);
     if (threadIdx.x < 8 && threadIdx.x != rank) acc += slot[b][threadIdx.x];
   }
   if (threadIdx.x == 0) out[blockIdx.x] = acc;
@@ -107,29 +121,22 @@ __global__ void histogram_rounds(int* out) {
     uint32_t ls = (uint32_t)__cvta_generic_to_shared(mine);
     if (kBulk) {
       if (threadIdx.x < cluster && threadIdx.x != rank) {
-        uint32_t rs, rb, s_src = (uint32_t)__cvta_generic_to_shared(src);
-        asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rs) : "r"(ls), "r"(threadIdx.x));
-        asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rb) : "r"(lb), "r"(threadIdx.x));
+        const Remote r = remote(ls, lb, threadIdx.x);
         asm volatile("cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                     ::"r"(rs), "r"(s_src), "r"(kHistWords * 4), "r"(rb) : "memory");
+                     ::"r"(r.slot), "r"((uint32_t)__cvta_generic_to_shared(src)), "r"(kHistWords * 4), "r"(r.bar) : "memory");
       }
     } else {
       for (unsigned d = 0; d < cluster; ++d) {
         if (d == rank) continue;
-        uint32_t rs, rb;
-        asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rs) : "r"(ls), "r"(d));
-        asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rb) : "r"(lb), "r"(d));
+        const Remote r = remote(ls, lb, d);
         for (int v = threadIdx.x; v < kHistWords / 4; v += blockDim.x) {
           const uint4 q = reinterpret_cast<const uint4*>(src)[v];
           asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];"
-                       ::"r"(rs + 16 * v), "r"(q.x), "r"(q.y), "r"(q.z), "r"(q.w), "r"(rb) : "memory");
+                       ::"r"(r.slot + 16 * v), "r"(q.x), "r"(q.y), "r"(q.z), "r"(q.w), "r"(r.bar) : "memory");
         }
       }
     }
-    uint32_t done = 0;
-    while (!done) {
-      asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}" : "=r"(done) : "r"(lb), "r"(parity) : "memory");
-    }
+    await_round(lb, parity);
     for (int v = threadIdx.x; v < kHistWords / 4; v += blockDim.x) {
       uint4 sum = reinterpret_cast<const uint4*>(src)[v];
       for (unsigned r = 0; r < cluster; ++r) {
@@ -146,6 +153,14 @@ __global__ void histogram_rounds(int* out) {
   if (wrong) atomicAdd(&out[blockIdx.x], wrong);
 }
 
+// Microseconds a round: `launch` (N rounds) once to warm up, then ten times between events.
+template <typename Launch> float us_per_round(Launch launch) {
+  cudaEvent_t a, b; cudaEventCreate(&a); cudaEventCreate(&b);
+  launch(); cudaDeviceSynchronize();
+  cudaEventRecord(a); for (int r = 0; r < 10; ++r) launch(); cudaEventRecord(b); cudaEventSynchronize(b);
+  float ms; cudaEventElapsedTime(&ms, a, b); return ms * 1e3f / 10 / N;
+}
+
 template <bool kBulk> float time_histogram(int cluster, int* out) {
   const int smem = (2 + 2 * cluster) * kHistWords * 4;
   cudaFuncSetAttribute(histogram_rounds<kBulk>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
@@ -156,21 +171,15 @@ template <bool kBulk> float time_histogram(int cluster, int* out) {
   attr[0].val.clusterDim.x = cluster, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
   cfg.attrs = attr, cfg.numAttrs = 1;
   cudaMemset(out, 0, 64 * 4);
-  cudaLaunchKernelEx(&cfg, histogram_rounds<kBulk>, out); cudaDeviceSynchronize();
-  cudaEvent_t a, b; cudaEventCreate(&a); cudaEventCreate(&b);
-  cudaEventRecord(a); for (int r = 0; r < 10; ++r) cudaLaunchKernelEx(&cfg, histogram_rounds<kBulk>, out); cudaEventRecord(b); cudaEventSynchronize(b);
-  float ms; cudaEventElapsedTime(&ms, a, b);
+  const float us = us_per_round([&] { cudaLaunchKernelEx(&cfg, histogram_rounds<kBulk>, out); });
   int wrong[64]; cudaMemcpy(wrong, out, sizeof(wrong), cudaMemcpyDeviceToHost);
   long total = 0; for (int c = 0; c < cluster; ++c) total += wrong[c];
   if (total) printf("  MISMATCH: %ld wrong sums\n", total);
-  return ms * 1e3f / 10 / N;
+  return us;
 }
 
 template <typename K> float time_it(K k, int* out) {
-  cudaEvent_t a, b; cudaEventCreate(&a); cudaEventCreate(&b);
-  k<<<8, 512>>>(out); cudaDeviceSynchronize();
-  cudaEventRecord(a); for (int r = 0; r < 10; ++r) k<<<8, 512>>>(out); cudaEventRecord(b); cudaEventSynchronize(b);
-  float ms; cudaEventElapsedTime(&ms, a, b); return ms * 1e3f / 10 / N;
+  return us_per_round([&] { k<<<8, 512>>>(out); });
 }
 int main() {
   int* out; cudaMalloc(&out, 64 * 4);
