@@ -3,7 +3,8 @@
 // an mbarrier (what csrc/common/cluster_push.h does). Then what a whole 2048-bin histogram
 // (8 KB) sent to every other CTA of a cluster of 2 or 8 costs a round, summed by the
 // receiver: pushed as 16-byte st.async vectors by every thread, or as one cp.async.bulk a
-// destination (the one-round digit exchange of RESULTS.md's list). A measurement tool, not
+// destination, the cost behind the per-row top-K keeping two small rounds a pass (H100: 0.78
+// us at 2 CTAs, 2.2 us at 8, against 0.2 us for one pushed word). A measurement tool, not
 // part of the library:  nvcc -O3 -arch=sm_90a -o /tmp/cc tools/cluster_exchange_cost.cu && /tmp/cc
 #include <cooperative_groups.h>
 #include <cstdio>
