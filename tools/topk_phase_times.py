@@ -4,7 +4,7 @@
     BINARY ROWS COLS [PLAN [ties]]               # on the GPU machine
 
 The binary holds a copy of csrc/indexer/topk_per_row_kernel.cuh with globaltimer stamps
-(thread 0 of the first and of the last CTA), the plan and entry point of topk_per_row.cu and
+(thread 0 of the first, the last and the second CTA: the first two of a cluster), the plan and entry point of topk_per_row.cu and
 a driver: k = 2048 over generated rows (about normal, or with `ties` 16 distinct values),
 PLAN as set_topk_plan_override, the ids checked against a host selection (a MISMATCH line
 names the first difference). It prints the back-to-back launch time and each stamp's
@@ -15,8 +15,10 @@ known, 7 after the candidate list, 16 before the marking, 17 after the counts, 1
 exchange, 15 once the thread has staged its ids (before the barrier), 29 after that barrier,
 30 after the id stores, 31 after the -1 fill (the end); where the marks are cleared and made per
 segment (seg 0 / 1: 21 / 25 before the marks from the list, 22 / 26 after them, 23 / 27
-after the word counts, 24 / 28 after their scan). The compiler may move work across a
-stamp: read them as approximate.
+after the word counts, 24 / 28 after their scan); in a resident cluster's pass p, 32 + 2p
+once the CTAs' group sums have landed and 33 + 2p once their bins have (38 + p % 2 once
+thread 0 has pushed its group sums). The compiler may
+move work across a stamp: read them as approximate.
 """
 import os
 import subprocess
@@ -33,10 +35,10 @@ def stamped_kernel() -> str:
     global src
     src = open(os.path.join(REPO, "csrc/indexer/topk_per_row_kernel.cuh")).read()
     pre = '''
-    __device__ unsigned long long g_stamps[2][40];
+    __device__ unsigned long long g_stamps[3][40];
     __device__ __forceinline__ void stamp(int i) {
       if (threadIdx.x != 0) return;
-      int b = blockIdx.x == 0 ? 0 : (blockIdx.x == gridDim.x - 1 ? 1 : -1);
+      int b = blockIdx.x == 0 ? 0 : blockIdx.x == gridDim.x - 1 ? 1 : blockIdx.x == 1 ? 2 : -1;
       if (b < 0) return;
       unsigned long long t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); g_stamps[b][i] = t;
     }
@@ -52,6 +54,15 @@ def stamped_kernel() -> str:
         assert src.count(old) == count, (old, src.count(old))
         src = src.replace(old, new)
     rep("namespace dsa {\nnamespace {\n", "namespace dsa {\nnamespace {\n" + pre)
+    # A resident cluster's two rounds (SenderSums): 32 + 2p once the group sums have
+    # landed, 33 + 2p once the bins have.
+    rep("  __device__ __forceinline__ void await_groups() const { push_wait(&mail->landed[pass][0]); }\n  __device__ __forceinline__ uint32_t group_sum(int g, uint32_t& before) const {\n    return sum_over_cluster",
+        "  __device__ __forceinline__ void await_groups() const { push_wait(&mail->landed[pass][0]); stamp(32 + 2 * pass); }\n  __device__ __forceinline__ uint32_t group_sum(int g, uint32_t& before) const {\n    return sum_over_cluster")
+    # 38 + (pass & 1): once thread 0 has made and pushed its share of the group sums.
+    rep("  if constexpr (kResident) {\n    find_digit<true>(s, SenderSums{hist, mail, pass, cluster, rank}, bins, remaining);\n",
+        "  stamp(38 + (pass & 1));\n  if constexpr (kResident) {\n    find_digit<true>(s, SenderSums{hist, mail, pass, cluster, rank}, bins, remaining);\n")
+    rep("    push_wait(&mail->landed[pass][1]);\n  }\n  __device__ __forceinline__ uint2 bin_pair(int, int lane, uint2& before) const {\n    BinPair b;",
+        "    push_wait(&mail->landed[pass][1]);\n    stamp(33 + 2 * pass);\n  }\n  __device__ __forceinline__ uint2 bin_pair(int, int lane, uint2& before) const {\n    BinPair b;")
     rep("  if (kResident) clear_counters();\n  await_previous_kernel();\n", "  stamp(0);\n  if (kResident) clear_counters();\n  await_previous_kernel();\n  stamp(1);\n")
     rep("    if constexpr (kResident) {\n      if (cluster > 1) open_mail(mail, cluster, rank);\n", "    stamp(2);\n    if constexpr (kResident) {\n      if (cluster > 1) open_mail(mail, cluster, rank);\n")
     rep("cluster == 1);\n    }\n", "cluster == 1);\n    }\n    stamp(3);\n")
@@ -106,7 +117,7 @@ int main(int argc, char** argv) {
   for (int it = 0; it < 50; ++it) topk_per_row_cuda(a, p);
   cudaEventRecord(e1); cudaEventSynchronize(e1);
   float ms; cudaEventElapsedTime(&ms, e0, e1);
-  unsigned long long st[2][40]; unsigned long long zero[80] = {0};
+  unsigned long long st[3][40]; unsigned long long zero[120] = {0};
   cudaMemcpyToSymbol(g_stamps, zero, sizeof zero);
   topk_per_row_cuda(a, p); cudaDeviceSynchronize();
   cudaMemcpyFromSymbol(st, g_stamps, sizeof st);
@@ -121,9 +132,9 @@ int main(int argc, char** argv) {
     for (int j = 0; j < K; ++j) if (want[j] != ids[(size_t)i * K + j]) { printf("MISMATCH ids row %d pos %d want %d got %d\n", i, j, want[j], ids[(size_t)i * K + j]); ++bad; break; }
   }
   printf("rows %d cols %d plan (%d, %lld, %d) ids: %.2f us per launch (stream, back to back); err %s\n", rows, cols, pl.cluster, (long long)pl.slice, pl.resident, ms * 1000 / 50, cudaGetErrorString(cudaGetLastError()));
-  for (int b = 0; b < 2; ++b) {
-    printf(" block %s:", b ? "last" : "0");
-    for (int i = 1; i < 32; ++i) if (st[b][i]) printf(" %d:%+.2f", i, (st[b][i] - st[b][0]) / 1000.0);
+  for (int b = 0; b < 3; ++b) {
+    printf(" block %s:", b == 0 ? "0" : b == 1 ? "last" : "1");
+    for (int i = 1; i < 40; ++i) if (st[b][i]) printf(" %d:%+.2f", i, (st[b][i] - st[b][0]) / 1000.0);
     printf("\n");
   }
 }
