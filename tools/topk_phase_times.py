@@ -16,8 +16,8 @@ exchange, 15 once the thread has staged its ids (before the barrier), 29 after t
 30 after the id stores, 31 after the -1 fill (the end); where the marks are cleared and made per
 segment (seg 0 / 1: 21 / 25 before the marks from the list, 22 / 26 after them, 23 / 27
 after the word counts, 24 / 28 after their scan); in a resident cluster's pass p, 32 + 2p
-once the CTAs' group sums have landed and 33 + 2p once their bins have (38 + p % 2 once
-thread 0 has pushed its group sums). The compiler may
+once the CTAs' group sums have landed and 33 + 2p once their bins have (40 + p once thread
+0 has pushed its share of the group sums). The compiler may
 move work across a stamp: read them as approximate.
 """
 import os
@@ -35,7 +35,7 @@ def stamped_kernel() -> str:
     global src
     src = open(os.path.join(REPO, "csrc/indexer/topk_per_row_kernel.cuh")).read()
     pre = '''
-    __device__ unsigned long long g_stamps[3][40];
+    __device__ unsigned long long g_stamps[3][48];
     __device__ __forceinline__ void stamp(int i) {
       if (threadIdx.x != 0) return;
       int b = blockIdx.x == 0 ? 0 : blockIdx.x == gridDim.x - 1 ? 1 : blockIdx.x == 1 ? 2 : -1;
@@ -58,9 +58,9 @@ def stamped_kernel() -> str:
     # landed, 33 + 2p once the bins have.
     rep("  __device__ __forceinline__ void await_groups() const { push_wait(&mail->landed[pass][0]); }\n  __device__ __forceinline__ uint32_t group_sum(int g, uint32_t& before) const {\n    return sum_over_cluster",
         "  __device__ __forceinline__ void await_groups() const { push_wait(&mail->landed[pass][0]); stamp(32 + 2 * pass); }\n  __device__ __forceinline__ uint32_t group_sum(int g, uint32_t& before) const {\n    return sum_over_cluster")
-    # 38 + (pass & 1): once thread 0 has made and pushed its share of the group sums.
+    # 40 + p: once thread 0 has made and pushed its share of the group sums.
     rep("  if constexpr (kResident) {\n    find_digit<true>(s, SenderSums{hist, mail, pass, cluster, rank}, bins, remaining);\n",
-        "  stamp(38 + (pass & 1));\n  if constexpr (kResident) {\n    find_digit<true>(s, SenderSums{hist, mail, pass, cluster, rank}, bins, remaining);\n")
+        "  stamp(40 + pass);\n  if constexpr (kResident) {\n    find_digit<true>(s, SenderSums{hist, mail, pass, cluster, rank}, bins, remaining);\n")
     rep("    push_wait(&mail->landed[pass][1]);\n  }\n  __device__ __forceinline__ uint2 bin_pair(int, int lane, uint2& before) const {\n    BinPair b;",
         "    push_wait(&mail->landed[pass][1]);\n    stamp(33 + 2 * pass);\n  }\n  __device__ __forceinline__ uint2 bin_pair(int, int lane, uint2& before) const {\n    BinPair b;")
     rep("  if (kResident) clear_counters();\n  await_previous_kernel();\n", "  stamp(0);\n  if (kResident) clear_counters();\n  await_previous_kernel();\n  stamp(1);\n")
@@ -117,7 +117,7 @@ int main(int argc, char** argv) {
   for (int it = 0; it < 50; ++it) topk_per_row_cuda(a, p);
   cudaEventRecord(e1); cudaEventSynchronize(e1);
   float ms; cudaEventElapsedTime(&ms, e0, e1);
-  unsigned long long st[3][40]; unsigned long long zero[120] = {0};
+  unsigned long long st[3][48]; unsigned long long zero[144] = {0};
   cudaMemcpyToSymbol(g_stamps, zero, sizeof zero);
   topk_per_row_cuda(a, p); cudaDeviceSynchronize();
   cudaMemcpyFromSymbol(st, g_stamps, sizeof st);
@@ -134,7 +134,7 @@ int main(int argc, char** argv) {
   printf("rows %d cols %d plan (%d, %lld, %d) ids: %.2f us per launch (stream, back to back); err %s\n", rows, cols, pl.cluster, (long long)pl.slice, pl.resident, ms * 1000 / 50, cudaGetErrorString(cudaGetLastError()));
   for (int b = 0; b < 3; ++b) {
     printf(" block %s:", b == 0 ? "0" : b == 1 ? "last" : "1");
-    for (int i = 1; i < 40; ++i) if (st[b][i]) printf(" %d:%+.2f", i, (st[b][i] - st[b][0]) / 1000.0);
+    for (int i = 1; i < 48; ++i) if (st[b][i]) printf(" %d:%+.2f", i, (st[b][i] - st[b][0]) / 1000.0);
     printf("\n");
   }
 }
