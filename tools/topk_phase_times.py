@@ -4,11 +4,11 @@
     BINARY ROWS COLS [PLAN [ties]]               # on the GPU machine
 
 The binary holds a copy of csrc/indexer/topk_per_row_kernel.cuh with globaltimer stamps
-(thread 0 of the first, the last and the second CTA: the first two of a cluster), the plan and entry point of topk_per_row.cu and
-a driver: k = 2048 over generated rows (about normal, or with `ties` 16 distinct values),
-PLAN as set_topk_plan_override, the ids checked against a host selection (a MISMATCH line
-names the first difference). It prints the back-to-back launch time and each stamp's
-microseconds since the CTA started:
+(thread 0 of the first, the last and the second CTA: the first two of a cluster), the plan
+and entry point of topk_per_row.cu and a driver: k = 2048 over generated rows (about
+normal, or with `ties` 16 distinct values), PLAN as set_topk_plan_override, the ids
+checked against a host selection (a MISMATCH line names the first difference). It prints
+the back-to-back launch time and each stamp's microseconds since the CTA started:
 1 after the wait for the previous kernel, 2 / 3 around the load, per pass p 4 + 4p / 5 + 4p
 around the block barrier after the pass's counts and 6 + 4p once the cluster's digit is
 known, 7 after the candidate list, 16 before the marking, 17 after the counts, 18 after the
@@ -17,8 +17,8 @@ exchange, 15 once the thread has staged its ids (before the barrier), 29 after t
 segment (seg 0 / 1: 21 / 25 before the marks from the list, 22 / 26 after them, 23 / 27
 after the word counts, 24 / 28 after their scan); in a resident cluster's pass p, 32 + 2p
 once the CTAs' group sums have landed and 33 + 2p once their bins have (40 + p once thread
-0 has pushed its share of the group sums). The compiler may
-move work across a stamp: read them as approximate.
+0 has pushed its share of the group sums). The compiler may move work across a stamp: read
+them as approximate.
 """
 import os
 import subprocess
@@ -117,8 +117,8 @@ int main(int argc, char** argv) {
   for (int it = 0; it < 50; ++it) topk_per_row_cuda(a, p);
   cudaEventRecord(e1); cudaEventSynchronize(e1);
   float ms; cudaEventElapsedTime(&ms, e0, e1);
-  unsigned long long st[3][48]; unsigned long long zero[144] = {0};
-  cudaMemcpyToSymbol(g_stamps, zero, sizeof zero);
+  unsigned long long st[3][48] = {};
+  cudaMemcpyToSymbol(g_stamps, st, sizeof st);
   topk_per_row_cuda(a, p); cudaDeviceSynchronize();
   cudaMemcpyFromSymbol(st, g_stamps, sizeof st);
   cudaMemcpy(ids.data(), o, ids.size() * 4, cudaMemcpyDeviceToHost);
