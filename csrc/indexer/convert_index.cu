@@ -321,7 +321,7 @@ __device__ __forceinline__ void fill_columns(int32_t from, int32_t live, int32_t
  * before the wait, so that after it only the token ids' load is on the critical path; else
  * after the tile's loads are issued, which they overlap. A template parameter, not a
  * branch, so that the plain conversion's kernels are the ones measured before the
- * early order existed (a branch made each split kernel 88-192 SASS instructions longer).
+ * early order existed (a branch made each split kernel 80-192 SASS instructions longer).
  */
 template <int kItems, bool kCompact, bool kDense, bool kCluster, bool kPow2, bool kStaged,
           bool kRowsFirst>
