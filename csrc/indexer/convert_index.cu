@@ -316,8 +316,15 @@ __device__ __forceinline__ void fill_columns(int32_t from, int32_t live, int32_t
  * compaction, the stores of a part land below its own columns' end, so an output that
  * aliases the input is written only after every part of the row has read its tile: a part
  * sends its count only once its tile's loads have returned.
+ *
+ * kRowsFirst (ConvertIndexArgs::rows_before_wait): the row's request and table are read
+ * before the wait, so that after it only the token ids' load is on the critical path; else
+ * after the tile's loads are issued, which they overlap. A template parameter, not a
+ * branch, so that the plain conversion's kernels are the ones measured before the
+ * early order existed (a branch made each split kernel 80-192 SASS instructions longer).
  */
-template <int kItems, bool kCompact, bool kDense, bool kCluster, bool kPow2, bool kStaged>
+template <int kItems, bool kCompact, bool kDense, bool kCluster, bool kPow2, bool kStaged,
+          bool kRowsFirst>
 __device__ __forceinline__ void convert_split(const ConvertIndexArgs& a, const FastDiv by_parts) {
   constexpr int kThreads = kSplitThreads;
   constexpr int kRuns = Tile<kThreads, kItems>::kRuns;
@@ -330,16 +337,12 @@ __device__ __forceinline__ void convert_split(const ConvertIndexArgs& a, const F
   const int parts = static_cast<int>(by_parts.d);
   const uint32_t t = by_parts.div(blockIdx.x);  // the grid has < 2^31 CTAs
   const int part = static_cast<int>(blockIdx.x - t * by_parts.d);
-  // The row's request and table: before the wait where the kernel before writes neither
-  // (rows_before_wait), so that after it only the token ids' load is on the critical path;
-  // else after the tile's loads are issued, which they overlap.
   ConvertRow row;
   auto look_up_row = [&] {
     row = convert_row(a, t);
     if constexpr (kStaged) stage_table_row<kThreads>(row, staged_table);
   };
-  const bool row_first = a.rows_before_wait;
-  if (row_first) look_up_row();
+  if constexpr (kRowsFirst) look_up_row();
   await_previous_kernel();
   if (kCluster && parts > 1) {
     if (threadIdx.x == 0) push_barrier_init(&counts_landed, 4u * (parts - 1));
@@ -360,7 +363,7 @@ __device__ __forceinline__ void convert_split(const ConvertIndexArgs& a, const F
   // The tile's loads, issued before a row lookup made after the wait.
   load_tile<kThreads, kItems, kDense>(
       a.token_indices.row(t) + (kDense ? first : first * in_stride), live, in_stride, tile);
-  if (!row_first) look_up_row();
+  if constexpr (!kRowsFirst) look_up_row();
   convert_loaded<kThreads, kItems, kDense, kPow2, !kCompact, kStaged>(a, row, tile);
   if constexpr (!kCluster) {
     store_in_place<kThreads, kItems, kDense>(tile, live, out_tile, out_stride);
@@ -397,10 +400,11 @@ __device__ __forceinline__ void convert_split(const ConvertIndexArgs& a, const F
   }
 }
 
-template <int kItems, bool kCompact, bool kDense, bool kCluster, bool kPow2, bool kStaged>
+template <int kItems, bool kCompact, bool kDense, bool kCluster, bool kPow2, bool kStaged,
+          bool kRowsFirst>
 __global__ void __launch_bounds__(kSplitThreads)
     convert_split_kernel(const ConvertIndexArgs a, const FastDiv by_parts) {
-  convert_split<kItems, kCompact, kDense, kCluster, kPow2, kStaged>(a, by_parts);
+  convert_split<kItems, kCompact, kDense, kCluster, kPow2, kStaged, kRowsFirst>(a, by_parts);
 }
 
 /*!
@@ -411,10 +415,10 @@ __global__ void __launch_bounds__(kSplitThreads)
  *        122 us). The narrower tiles keep the compiler's own choice (32 registers for 4
  *        columns; bounds made it 39 or spill, and T = 256 slower).
  */
-template <bool kCompact, bool kDense, bool kCluster, bool kPow2, bool kStaged>
+template <bool kCompact, bool kDense, bool kCluster, bool kPow2, bool kStaged, bool kRowsFirst>
 __global__ void __launch_bounds__(kSplitThreads, kWideSplitMinBlocks)
     convert_split_wide_kernel(const ConvertIndexArgs a, const FastDiv by_parts) {
-  convert_split<8, kCompact, kDense, kCluster, kPow2, kStaged>(a, by_parts);
+  convert_split<8, kCompact, kDense, kCluster, kPow2, kStaged, kRowsFirst>(a, by_parts);
 }
 
 /*!
@@ -479,27 +483,35 @@ __global__ void __launch_bounds__(kThreads, kRowMinBlocks)
 std::atomic<int> g_plan_override{-1};
 
 //! The split kernel of kItems-column tiles.
-template <int kItems, bool kCompact, bool kDense, bool kCluster, bool kPow2, bool kStaged>
+template <int kItems, bool kCompact, bool kDense, bool kCluster, bool kPow2, bool kStaged,
+          bool kRowsFirst>
 constexpr auto split_kernel() {
   if constexpr (kItems == 8) {
-    return convert_split_wide_kernel<kCompact, kDense, kCluster, kPow2, kStaged>;
+    return convert_split_wide_kernel<kCompact, kDense, kCluster, kPow2, kStaged, kRowsFirst>;
   } else {
-    return convert_split_kernel<kItems, kCompact, kDense, kCluster, kPow2, kStaged>;
+    return convert_split_kernel<kItems, kCompact, kDense, kCluster, kPow2, kStaged, kRowsFirst>;
+  }
+}
+
+template <int kItems, bool kCompact, bool kDense, bool kPow2, bool kStaged, bool kRowsFirst>
+void launch_split(const ConvertIndexArgs& a, int parts, bool cluster, cudaStream_t stream) {
+  const unsigned grid = static_cast<unsigned>(a.token_indices.rows * parts);
+  const FastDiv by_parts(static_cast<uint32_t>(parts));
+  if (cluster) {
+    launch_clustered_kernel(
+        split_kernel<kItems, kCompact, kDense, true, kPow2, kStaged, kRowsFirst>(), grid,
+        kSplitThreads, parts, 0, stream, "convert_index kernel launch", a, by_parts);
+  } else {
+    launch_kernel(split_kernel<kItems, false, kDense, false, kPow2, kStaged, kRowsFirst>(), grid,
+                  kSplitThreads, stream, "convert_index kernel launch", a, by_parts);
   }
 }
 
 template <int kItems, bool kCompact, bool kDense, bool kPow2, bool kStaged>
 void launch_split(const ConvertIndexArgs& a, int parts, bool cluster, cudaStream_t stream) {
-  const unsigned grid = static_cast<unsigned>(a.token_indices.rows * parts);
-  const FastDiv by_parts(static_cast<uint32_t>(parts));
-  if (cluster) {
-    launch_clustered_kernel(split_kernel<kItems, kCompact, kDense, true, kPow2, kStaged>(), grid,
-                            kSplitThreads, parts, 0, stream, "convert_index kernel launch", a,
-                            by_parts);
-  } else {
-    launch_kernel(split_kernel<kItems, false, kDense, false, kPow2, kStaged>(), grid,
-                  kSplitThreads, stream, "convert_index kernel launch", a, by_parts);
-  }
+  a.rows_before_wait
+      ? launch_split<kItems, kCompact, kDense, kPow2, kStaged, true>(a, parts, cluster, stream)
+      : launch_split<kItems, kCompact, kDense, kPow2, kStaged, false>(a, parts, cluster, stream);
 }
 
 //! launch_split, the table staged where the plan says so (only where tokens_to_stage
