@@ -17,8 +17,10 @@ exchange, 15 once the thread has staged its ids (before the barrier), 29 after t
 segment (seg 0 / 1: 21 / 25 before the marks from the list, 22 / 26 after them, 23 / 27
 after the word counts, 24 / 28 after their scan); in a resident cluster's pass p, 32 + 2p
 once the CTAs' group sums have landed and 33 + 2p once their bins have (40 + p once thread
-0 has pushed its share of the group sums). The compiler may move work across a stamp: read
-them as approximate.
+0 has pushed its share of the group sums; inside that step, 43 after pass 0's wait for the
+cluster's barrier, push_ready, and for passes 0 and 1, 44 + p once thread 0's first group
+sum is known and 46 + p after its first push). The compiler may move work across a stamp:
+read them as approximate.
 """
 import os
 import subprocess
@@ -61,6 +63,11 @@ def stamped_kernel() -> str:
     # 40 + p: once thread 0 has made and pushed its share of the group sums.
     rep("  if constexpr (kResident) {\n    find_digit<true>(s, SenderSums{hist, mail, pass, cluster, rank}, bins, remaining);\n",
         "  stamp(40 + pass);\n  if constexpr (kResident) {\n    find_digit<true>(s, SenderSums{hist, mail, pass, cluster, rank}, bins, remaining);\n")
+    # Inside the push step: 43 after push_ready, 44 + p / 46 + p around thread 0's first push.
+    rep("  if (pass == 0) push_ready();\n  uint64_t* landed = &mail->landed[pass][0];\n",
+        "  if (pass == 0) { push_ready(); stamp(43); }\n  uint64_t* landed = &mail->landed[pass][0];\n")
+    rep("    if (lane < cluster) {\n      if constexpr (kResident) {\n        push_u32(&mail->groups[rank][g], sum, landed, lane);\n",
+        "    if (g == 0 && pass < 2) stamp(44 + pass);\n    if (lane < cluster) {\n      if constexpr (kResident) {\n        push_u32(&mail->groups[rank][g], sum, landed, lane);\n        if (g == 0 && pass < 2) stamp(46 + pass);\n")
     rep("    push_wait(&mail->landed[pass][1]);\n  }\n  __device__ __forceinline__ uint2 bin_pair(int, int lane, uint2& before) const {\n    BinPair b;",
         "    push_wait(&mail->landed[pass][1]);\n    stamp(33 + 2 * pass);\n  }\n  __device__ __forceinline__ uint2 bin_pair(int, int lane, uint2& before) const {\n    BinPair b;")
     rep("  if (kResident) clear_counters();\n  await_previous_kernel();\n", "  stamp(0);\n  if (kResident) clear_counters();\n  await_previous_kernel();\n  stamp(1);\n")
