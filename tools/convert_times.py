@@ -3,10 +3,10 @@
     PYTHONPATH=UNPACKED_BUILD python tools/convert_times.py --peers .peers --tag NAME
 
 `--peers` is the folder holding ../shared/peers' timing.py (graph replay per launch, the
-harness's timer). The cases and inputs are side_by_side.py's conversion rows (fill 0.9,
-2048-column block table, 64-token blocks, the same seeds), dsa_ext alone: run it once per
-build (PYTHONPATH pointing at each unpacked package), alternated, and compare the lines of
-one case. Each line ends with a checksum of the case's outputs (slots weighted by column,
+harness's timer) and side_by_side.py, whose make_remap_inputs makes the inputs. The cases
+are side_by_side.py's conversion rows (fill 0.9, 2048-column block table, 64-token blocks,
+the same seeds), dsa_ext alone: run it once per build (PYTHONPATH pointing at each unpacked
+package), alternated, and compare the lines of one case. Each line ends with a checksum of the case's outputs (slots weighted by column,
 plus the valid counts): equal checksums between builds mean equal outputs.
 """
 from __future__ import annotations
@@ -26,35 +26,23 @@ CASES = [(T, 2048, W, compact) for T in (16, 64, 256, 1024, 4096, 16384)
                                                                  (1024, 512, 4, True)]
 
 
-def inputs(T: int, K: int, W: int, fill: float, seed: int):
-    """side_by_side.py's make_remap_inputs."""
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    R = max(1, T // 4)
-    req_id = torch.randint(0, R, (T,), dtype=torch.int32, device="cuda", generator=g)
-    table = torch.randint(0, 1 << 20, (R, TABLE_BLOCKS), dtype=torch.int32, device="cuda",
-                          generator=g)
-    idx = torch.randint(0, TABLE_BLOCKS * BLOCK_SIZE * W, (T, K), dtype=torch.int32,
-                        device="cuda", generator=g)
-    if fill < 1.0:
-        idx[torch.rand((T, K), device="cuda", generator=g) > fill] = -1
-    return req_id, table, idx
-
-
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--peers", required=True)
     parser.add_argument("--tag", default="")
     args = parser.parse_args()
     sys.path.insert(0, os.path.abspath(args.peers))
-    from timing import bench_graph  # noqa: E402 - from the ignored folder
+    from side_by_side import make_remap_inputs  # noqa: E402 - from the ignored folder
+    from side_by_side_floor import launch_floor  # noqa: E402 - beside this file
+    from timing import bench_graph  # noqa: E402
 
     tag = f"[{args.tag}] " if args.tag else ""
-    one = torch.zeros(1, device="cuda")
     print(f"{tag}{torch.cuda.get_device_name()}, dsa_ext from "
-          f"{os.path.dirname(dsa_ext.__file__)}; launch floor "
-          f"{bench_graph(lambda: one.add_(1.0)):.2f} us", flush=True)
+          f"{os.path.dirname(dsa_ext.__file__)}; launch floor {launch_floor():.2f} us",
+          flush=True)
     for T, K, W, compact in CASES:
-        req_id, table, idx = inputs(T, K, W, 0.9, T + K + W)
+        req_id, table, idx = make_remap_inputs(T, K, BLOCK_SIZE, TABLE_BLOCKS, W, fill=0.9,
+                                               seed=T + K + W)
         out = torch.empty_like(idx)
         counts = torch.zeros(T, dtype=torch.int32, device="cuda")
 
