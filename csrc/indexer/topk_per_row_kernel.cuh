@@ -392,13 +392,33 @@ __device__ __forceinline__ void load_and_count(const Bits* src, uint32_t n, uint
 
 /*!
  * \brief Sums this CTA's histogram `hist` (`bins` bins) in groups of kGroupBins bins: warp w
- *        sums groups w, w + kWarps, ..., each sum in every lane, and calls take(group, sum,
- *        lane) in every lane. Every thread calls it once the histogram is complete (after a
- *        block barrier).
+ *        sums groups w, w + kWarps, ..., and every thread calls take(group, sum, lane) for
+ *        each of its warp's groups. Where two groups share a warp (2 * kWarps groups),
+ *        each half-warp takes one of them, lane = 0..15 in each half; else the warp's 32
+ *        lanes take each group, lane = 0..31. Either way lanes 0..15 of every group call
+ *        take (a caller that acts in lanes below the cluster size reaches every CTA).
+ *        Every thread calls it once the histogram is complete (after a block barrier).
  */
+static_assert(kMaxCluster <= 16, "for_each_group_sum's lanes below 16 reach every CTA");
+
 template <typename Take>
 __device__ __forceinline__ void for_each_group_sum(const uint32_t* hist, int bins, Take&& take) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (bins / kGroupBins == 2 * kWarps) {
+    // Two groups a warp, g0 = warp and g1 = warp + kWarps, in one chain of shuffles: the
+    // first step leaves halves of g0's sums in lanes 0-15 and of g1's in lanes 16-31,
+    // then each half-warp sums its own. One take() serves both (lane % 16 in each half),
+    // where a loop of two waited for each group's chain and its pushes in turn.
+    const uint2 a = reinterpret_cast<const uint2*>(hist + warp * kGroupBins)[lane];
+    const uint2 b = reinterpret_cast<const uint2*>(hist + (warp + kWarps) * kGroupBins)[lane];
+    const bool low = lane < 16;
+    const uint32_t x = a.x + a.y, y = b.x + b.y;
+    uint32_t sum = (low ? x : y) + __shfl_xor_sync(0xffffffffu, low ? y : x, 16);
+#pragma unroll
+    for (int step = 8; step > 0; step /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, step);
+    take(low ? warp : warp + kWarps, sum, lane % 16);
+    return;
+  }
   for (int g = warp; g < bins / kGroupBins; g += kWarps) {
     const uint2 q = reinterpret_cast<const uint2*>(hist + g * kGroupBins)[lane];
     take(g, warp_sum(q.x + q.y), lane);
