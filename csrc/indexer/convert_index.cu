@@ -495,6 +495,7 @@ constexpr auto split_kernel() {
   }
 }
 
+//! Launches the split kernel, `parts` CTAs a row (a cluster of them where `cluster`).
 template <int kItems, bool kCompact, bool kDense, bool kPow2, bool kStaged, bool kRowsFirst>
 void launch_split(const ConvertIndexArgs& a, int parts, bool cluster, cudaStream_t stream) {
   const unsigned grid = static_cast<unsigned>(a.token_indices.rows * parts);
@@ -509,6 +510,7 @@ void launch_split(const ConvertIndexArgs& a, int parts, bool cluster, cudaStream
   }
 }
 
+//! launch_split in the row order `a` asks for (rows_before_wait: kRowsFirst).
 template <int kItems, bool kCompact, bool kDense, bool kPow2, bool kStaged>
 void launch_split(const ConvertIndexArgs& a, int parts, bool cluster, cudaStream_t stream) {
   a.rows_before_wait
