@@ -6,8 +6,9 @@
 harness's timer) and side_by_side.py, whose make_remap_inputs makes the inputs. The cases
 are side_by_side.py's conversion rows (fill 0.9, 2048-column block table, 64-token blocks,
 the same seeds), dsa_ext alone: run it once per build (PYTHONPATH pointing at each unpacked
-package), alternated, and compare the lines of one case. Each line ends with a checksum of the case's outputs (slots weighted by column,
-plus the valid counts): equal checksums between builds mean equal outputs.
+package), alternated, and compare the lines of one case. Each line ends with a checksum of
+the case's outputs (slots weighted by column, plus the valid counts): equal checksums
+between builds mean equal outputs.
 """
 from __future__ import annotations
 
