@@ -3,7 +3,8 @@
     python tools/topk_phase_times.py BINARY      # here: writes the sources, compiles (nvcc)
     BINARY ROWS COLS [PLAN [ties]]               # on the GPU machine
 
-The binary holds a copy of csrc/indexer/topk_per_row_kernel.cuh with globaltimer stamps
+The binary holds a copy of csrc/indexer/topk_per_row_kernel.cuh (the per-row top-K's own
+headers inlined) with globaltimer stamps
 (thread 0 of the first, the last and the second CTA: the first two of a cluster), the plan
 and entry point of topk_per_row.cu and a driver: k = 2048 over generated rows (about
 normal, or with `ties` 16 distinct values), PLAN as set_topk_plan_override, the ids
@@ -23,6 +24,7 @@ sum is known and 46 + p after its first push). The compiler may move work across
 read them as approximate.
 """
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -33,9 +35,22 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REGISTER_KERNEL = "template <typename Bits, typename Sink>\n__global__ void __launch_bounds__(kRegisterThreads, 1)"
 
 
+def inlined(name: str, seen: set) -> str:
+    """csrc/indexer/NAME with the per-row top-K's headers it includes inlined, each once."""
+    seen.add(name)
+    text = []
+    for line in open(os.path.join(REPO, "csrc/indexer", name)).read().splitlines(keepends=True):
+        header = re.fullmatch(r'#include "(topk_\w+\.cuh)"\n', line)
+        if header is None:
+            text.append(line)
+        elif header.group(1) not in seen:
+            text.append(inlined(header.group(1), seen))
+    return "".join(text)
+
+
 def stamped_kernel() -> str:
     global src
-    src = open(os.path.join(REPO, "csrc/indexer/topk_per_row_kernel.cuh")).read()
+    src = inlined("topk_per_row_kernel.cuh", set())
     pre = '''
     __device__ unsigned long long g_stamps[3][48];
     __device__ __forceinline__ void stamp(int i) {
@@ -55,7 +70,10 @@ def stamped_kernel() -> str:
         global src
         assert src.count(old) == count, (old, src.count(old))
         src = src.replace(old, new)
-    rep("namespace dsa {\nnamespace {\n", "namespace dsa {\nnamespace {\n" + pre)
+    # The stamps before the first header's code (each header opens the namespaces).
+    opening = "namespace dsa {\nnamespace {\n"
+    assert opening in src
+    src = src.replace(opening, opening + pre, 1)
     # A resident cluster's two rounds (SenderSums): 32 + 2p once the group sums have
     # landed, 33 + 2p once the bins have.
     rep("  __device__ __forceinline__ void await_groups() const { push_wait(&mail->landed[pass][0]); }\n  __device__ __forceinline__ uint32_t group_sum(int g, uint32_t& before) const {\n    return sum_over_cluster",
