@@ -495,7 +495,7 @@ def special_row(L, g):
 
 def capture_rows(L, dtype, seed):
     """Rows for each path of the streamed capture (capture_floor in
-    topk_per_row_kernel.cuh): the floor at or below the threshold digit (randn, 16 values,
+    topk_candidates.cuh): the floor at or below the threshold digit (randn, 16 values,
     uniform), the list overflowing (ascending, a rising trend), the floor above the
     threshold digit (descending; all equal, whose floor the fill rule raises), and special
     values (NaN, +-inf) in every slice."""
@@ -555,7 +555,7 @@ def test_streamed_single_key_bin(plan):
 
 def resident_rows(L, seed):
     """Rows for each path of the resident candidate walk (collect_resident_candidates in
-    topk_per_row_kernel.cuh): randn (the list ends the selection in pass 1), 16 values (a
+    topk_candidates.cuh): randn (the list ends the selection in pass 1), 16 values (a
     bin past the list: the slice is walked), a cluster of 1500 keys one above another in
     the low 10 bits beside randn (for k = 500: the list serves passes 1 and 2), and special
     values."""

@@ -1,5 +1,5 @@
 """How many keys a streamed CTA of the per-row top-K captures while counting (host model of
-count_and_capture / capture_floor in csrc/indexer/topk_per_row_kernel.cuh), for a few row
+count_and_capture / capture_floor in csrc/indexer/topk_candidates.cuh), for a few row
 kinds:
 
     python tools/topk_capture_sizes.py [K ...]

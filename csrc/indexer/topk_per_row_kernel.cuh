@@ -86,7 +86,7 @@ void once_per_device(std::atomic<uint64_t>& done, int64_t device, Setup&& setup)
   }
 }
 
-//! Lets a cluster kernel of this file take clusters past the portable 8 (on the current
+//! Lets a kernel launched in clusters take clusters past the portable 8 (on the current
 //! device; inside a capture too).
 template <typename Kernel>
 void allow_large_clusters(Kernel* kernel) {
@@ -96,7 +96,7 @@ void allow_large_clusters(Kernel* kernel) {
       "topk_per_row cluster attribute");
 }
 
-//! Lets a cluster kernel of this file take the largest shared memory a launch asks for and
+//! Lets a kernel launched in clusters take the largest shared memory a launch asks for and
 //! clusters past the portable 8 (on the current device; inside a capture too).
 template <typename Kernel>
 void allow_largest_launch(Kernel* kernel) {
