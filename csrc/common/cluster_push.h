@@ -7,12 +7,16 @@
 // each. A push is one one-way write; the receiver waits on its own barrier for the bytes
 // it expects (that wait's cluster-scope acquire still invalidates L1 once, CCTL.IVALL).
 // Measured on the H200, a cluster of 8: 0.20 us a round against 0.30
-// (tools/cluster_exchange_cost.cu). The only barrier across the cluster is the one
-// that publishes the mbarriers' initialization, arrived at when the kernel starts and
-// waited on just before the first push, when every CTA of the cluster has long arrived.
+// (tools/cluster_exchange_cost.cu). The exchanges need one barrier across the cluster,
+// the one that publishes the mbarriers' initialization, arrived at when the kernel starts
+// and waited on just before the first push, when every CTA of the cluster has long
+// arrived. (The per-row top-K's sorted output has a second, before CTA 0 reads the row.)
 //
 // Every receiver waits for all the bytes it expects before it exits, so no push lands in
-// the shared memory of a CTA that has finished.
+// the shared memory of a CTA that has finished. That holds only where every CTA of a
+// cluster takes part in the same rounds: a CTA that left a round early (a break on its own
+// state rather than on the sums the cluster shares) would free its shared memory before
+// the others' pushes of the next round land there, and they would wait for its pushes.
 #pragma once
 
 #include <cstdint>

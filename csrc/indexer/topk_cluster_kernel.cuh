@@ -232,6 +232,10 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
         listed = captured = true;
         listed_count = s.candidates;
       }
+      // Every break below is taken by every CTA of the cluster or none: it depends only on
+      // the cluster's sums (remaining, s.in_bin, s.single_key) and the key type, so no CTA
+      // leaves the pushes of the next pass (cluster_push.h). A break on a CTA's own state
+      // (its list, its capture) would.
       if (s.in_bin == remaining) break;  // the whole bin is taken: nothing to refine
       // A bf16 key's low 16 bits follow from its high ones: keys that share the 22 bits the
       // first two digits decide are equal, so a third pass would find the bin again.

@@ -162,6 +162,7 @@ __global__ void __launch_bounds__(kRegisterThreads, 1)
       remaining -= s.above;
       shift = digit_shift;
       // s.digit is rewritten only after the next pass's barriers.
+      // Breaks on the cluster's sums only, as in the cluster kernel (every CTA or none).
       if (s.in_bin == remaining) break;  // the whole bin is taken: nothing to refine
       // A bf16 key's low 16 bits follow from its high ones (see the cluster kernel).
       if (sizeof(Bits) == 2 && pass == 1) break;
