@@ -202,8 +202,11 @@ struct SenderSums {
                                             before);
   }
   //! Warp 0: pushes this CTA's bins [top - kGroupBins, top) into every CTA, then waits for
-  //! the cluster's.
+  //! the cluster's. The pushes also tell the other CTAs that this one has read their group
+  //! sums: the __syncwarp orders every lane's reads before any lane's push (`top` depends
+  //! on them through shuffles only, which the memory model does not count).
   __device__ __forceinline__ void await_bins(int top) const {
+    __syncwarp();
     constexpr int kVectors = kGroupBins / 4;
     const uint4* mine = reinterpret_cast<const uint4*>(hist + top - kGroupBins);
     uint4* slot = reinterpret_cast<uint4*>(mail->bins[rank]);
