@@ -1,7 +1,8 @@
 """GPU lab of the stable top-K: both orders against the reference on many shapes, then
 graph-replay timings of the default order and of sorted=True per variant.
 
-    python tools/topk_lab.py [--json OUT.json] [--quick] [--variants]
+    python tools/topk_lab.py [--json OUT.json] [--quick] [--variants] [--harness-rows]
+                             [--score-kinds]
 
 1. Correctness: random, tied, shortfall and threshold-copy rows over W in {1, 2, 4, 8,
    16}, K from 1 to 40000, k from 1 past N, rows that pick every variant (CTA pairs, one
@@ -21,6 +22,12 @@ graph-replay timings of the default order and of sorted=True per variant.
    row / of every row, in both orders, each checked against the reference. Before the
    small-bin resolve the default order took 4.5-5.4 us on the seeds and 6.3 us with every
    row copied (H200, RESULTS.md, twenty-fourth session).
+4. With ``--score-kinds``: both orders' times on rows whose scores are not randn, where a
+   sort's bins may crowd (k = K = 2048; W = 2 at 64, 256 and 1024 rows, W = 4 at 1024
+   rows): one sign (``|x| + 0.1``), one outlier of 1000 a row, Cauchy, ``exp(4x)`` of
+   either sign, and the side-by-side harness's rows, each checked against the reference.
+   On main the W = 2 1024-row outlier and Cauchy rows took 93 us sorted against 62 on
+   randn (H100, RESULTS.md, fifty-second session).
 Exit code 1 on any mismatch.
 """
 from __future__ import annotations
@@ -47,6 +54,14 @@ def make_rows(kind: str, W: int, rows: int, K: int, k: int, g: torch.Generator) 
         scores = torch.randint(0, 3, (rows, n), generator=g).float()
     else:
         scores = torch.randn(rows, n, generator=g)
+    if kind == "one_sign":
+        scores = scores.abs() + 0.1
+    elif kind == "outlier":
+        scores[:, 0] = 1000.0
+    elif kind == "cauchy":
+        scores = torch.tan(torch.pi * (torch.rand(rows, n, generator=g) - 0.5))
+    elif kind == "exp4":  # either sign, over many binades
+        scores = torch.exp(4 * scores) * torch.randn(rows, n, generator=g).sign()
     if kind == "shortfall":
         gids[torch.rand(rows, n, generator=g) < 0.8] = -1
     keys = reference.encode_candidate_keys(scores, gids)
@@ -213,6 +228,38 @@ def harness_rows_timing() -> tuple:
     return results, failures
 
 
+SCORE_KINDS = ("random", "one_sign", "outlier", "cauchy", "exp4", "harness")
+
+
+def score_kinds_timing() -> tuple:
+    """(rows of results, mismatches) of section 4 of the module docstring."""
+    g = torch.Generator().manual_seed(5)
+    K = k = 2048
+    results, failures = [], []
+    for W, rows in ((2, 64), (2, 256), (2, 1024), (4, 1024)):
+        copies = max(2, min(8, (64 << 20) // (W * rows * K * 8)))  # > L2 in all
+        for kind in SCORE_KINDS:
+            if kind == "harness":
+                inputs = [harness_rows(torch.Generator(device="cuda").manual_seed(100 + c),
+                                       False, rows=rows, K=K, W=W) for c in range(copies)]
+            else:
+                inputs = [make_rows(kind, W, rows, K, k, g).cuda() for _ in range(copies)]
+            row = dict(W=W, rows=rows, kind=kind)
+            for order in (False, True):
+                outs = [torch.empty(rows, k, dtype=torch.int32, device="cuda") for _ in inputs]
+                calls = [lambda c=c, o=o, s=order: dsa_ext.stable_topk_from_candidates(
+                    c, k, out=o, sorted=s) for c, o in zip(inputs, outs)]
+                calls[0]()
+                want = reference.stable_topk_from_candidates(inputs[0], k, sorted=order)
+                if not torch.equal(outs[0], want):
+                    failures.append(dict(W=W, rows=rows, kind=kind, sorted=order))
+                    print("MISMATCH", failures[-1], flush=True)
+                row["sorted_us" if order else "default_us"] = round(graph_us(calls), 2)
+            print(row, flush=True)
+            results.append(row)
+    return results, failures
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", help="write the results here")
@@ -221,6 +268,9 @@ def main() -> int:
                         help="also time every sorting variant, forced")
     parser.add_argument("--harness-rows", action="store_true",
                         help="also time the harness's k = 512 rows and their copies")
+    parser.add_argument("--score-kinds", action="store_true",
+                        help="also time rows of other score distributions (outliers, heavy "
+                        "tails, one sign)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("needs a CUDA device", file=sys.stderr)
@@ -230,6 +280,9 @@ def main() -> int:
                   timing=timing(args.variants))
     if args.harness_rows:
         report["harness_rows"], more = harness_rows_timing()
+        failures += more
+    if args.score_kinds:
+        report["score_kinds"], more = score_kinds_timing()
         failures += more
     if args.json:
         with open(args.json, "w") as fh:
