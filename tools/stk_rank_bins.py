@@ -33,26 +33,28 @@ SUB_BITS = 20
 KINDS = ("random", "one_sign", "outlier", "cauchy", "exp4", "ties")
 
 
-def candidates(keys: list, sel: int) -> list:
-    """The keys kept by the select of a sorting variant: 8-bit digits from the top, until
-    the keys at or above the k-th key's prefix fit S."""
+def candidates(keys: list, sel: int) -> tuple:
+    """(keys kept, their prefix) by the select of a sorting variant: 8-bit digits from
+    the top, until the keys at or above the k-th key's prefix fit S."""
     kth = sorted(keys, reverse=True)[sel - 1]
     for p in range(8):
         mask = (MASK64 << (56 - 8 * p)) & MASK64
         cands = [x for x in keys if x & mask >= kth & mask]
         if len(cands) <= S:
             break
-    return cands
+    return cands, kth & mask
 
 
-def bits_bins(cands: list) -> tuple:
+def bits_bins(cands: list, prefix: int) -> tuple:
+    """The kernel's bins: the range split is [prefix, top] (the select's prefix, not the
+    smallest candidate)."""
     top = max(cands)
-    shift = max((top - min(cands)).bit_length() - (S.bit_length() - 1), 0)
+    shift = max((top - max(prefix, 1)).bit_length() - (S.bit_length() - 1), 0)
     return [(top - x) >> shift for x in cands], shift, top
 
 
-def two_level_bins(cands: list) -> list:
-    first, shift, top = bits_bins(cands)
+def two_level_bins(cands: list, prefix: int) -> list:
+    first, shift, top = bits_bins(cands, prefix)
     count = np.bincount(first, minlength=S)
     start = np.cumsum(count) - count
     bins = []
@@ -89,11 +91,11 @@ def main() -> int:
             keys = make_rows(kind, W, rows, K, k, g).transpose(0, 1).reshape(rows, W * K)
             got = {"bits": [], "value": [], "two_level": []}
             for row in keys.tolist():
-                cands = candidates([x & MASK64 for x in row], k)
-                got["bits"].append(mean_mates(bits_bins(cands)[0]))
+                cands, prefix = candidates([x & MASK64 for x in row], k)
+                got["bits"].append(mean_mates(bits_bins(cands, prefix)[0]))
                 value = value_bins(cands)
                 got["value"].append(got["bits"][-1] if value is None else mean_mates(value))
-                got["two_level"].append(mean_mates(two_level_bins(cands)))
+                got["two_level"].append(mean_mates(two_level_bins(cands, prefix)))
             print(f"W = {W} {kind:9s} " + "  ".join(
                 f"{name} {np.mean(v):7.2f} ({max(v):7.2f})" for name, v in got.items()))
     return 0
