@@ -53,8 +53,8 @@ def bits_bins(cands: list, prefix: int) -> tuple:
     return [(top - x) >> shift for x in cands], shift, top
 
 
-def two_level_bins(cands: list, prefix: int) -> list:
-    first, shift, top = bits_bins(cands, prefix)
+def two_level_bins(cands: list, first: list, shift: int, top: int) -> list:
+    """`first`, `shift`, `top`: bits_bins' answer for `cands`."""
     count = np.bincount(first, minlength=S)
     start = np.cumsum(count) - count
     bins = []
@@ -92,10 +92,11 @@ def main() -> int:
             got = {"bits": [], "value": [], "two_level": []}
             for row in keys.tolist():
                 cands, prefix = candidates([x & MASK64 for x in row], k)
-                got["bits"].append(mean_mates(bits_bins(cands, prefix)[0]))
+                first, shift, top = bits_bins(cands, prefix)
+                got["bits"].append(mean_mates(first))
                 value = value_bins(cands)
                 got["value"].append(got["bits"][-1] if value is None else mean_mates(value))
-                got["two_level"].append(mean_mates(two_level_bins(cands, prefix)))
+                got["two_level"].append(mean_mates(two_level_bins(cands, first, shift, top)))
             print(f"W = {W} {kind:9s} " + "  ".join(
                 f"{name} {np.mean(v):7.2f} ({max(v):7.2f})" for name, v in got.items()))
     return 0

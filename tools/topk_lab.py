@@ -141,6 +141,11 @@ def forced_sorting_times(calls: list, outs: list) -> dict:
     return times
 
 
+def l2_copies(W: int, rows: int, K: int) -> int:
+    """Input copies for a graph of replays whose inputs together outgrow the L2."""
+    return max(2, min(8, (64 << 20) // (W * rows * K * 8)))
+
+
 def timing(variants: bool) -> list:
     dev = torch.cuda.current_device()
     g = torch.Generator().manual_seed(2)
@@ -152,8 +157,8 @@ def timing(variants: bool) -> list:
     cases += [(4, rows, 2048, 2048) for rows in (sms // 2, sms // 2 + 1, sms, sms + 1)]
     results = []
     for W, rows, K, k in cases:
-        copies = max(2, min(8, (64 << 20) // (W * rows * K * 8)))  # > L2 in all
-        inputs = [make_rows("random", W, rows, K, k, g).cuda() for _ in range(copies)]
+        inputs = [make_rows("random", W, rows, K, k, g).cuda()
+                  for _ in range(l2_copies(W, rows, K))]
         outs = [torch.empty(rows, k, dtype=torch.int32, device="cuda") for _ in inputs]
         row = dict(W=W, rows=rows, K=K, k=k)
         for order in (False, True):
@@ -200,6 +205,23 @@ def copy_kth(cands: torch.Tensor, k: int, rows) -> torch.Tensor:
     return cands
 
 
+def checked_times(inputs: list, k: int, row: dict, failures: list) -> None:
+    """Both orders over `inputs` (one call each, graph-replayed): their times into `row`,
+    and `row` into `failures` (printed) for each order whose output of inputs[0] differs
+    from the reference's."""
+    case = dict(row)
+    for order in (False, True):
+        outs = [torch.empty(c.shape[-2], k, dtype=torch.int32, device="cuda") for c in inputs]
+        calls = [lambda c=c, o=o, s=order: dsa_ext.stable_topk_from_candidates(
+            c, k, out=o, sorted=s) for c, o in zip(inputs, outs)]
+        calls[0]()
+        want = reference.stable_topk_from_candidates(inputs[0], k, sorted=order)
+        if not torch.equal(outs[0], want):
+            failures.append(dict(case, sorted=order))
+            print("MISMATCH", failures[-1], flush=True)
+        row["sorted_us" if order else "default_us"] = round(graph_us(calls), 2)
+
+
 def harness_rows_timing() -> tuple:
     """(rows of results, mismatches) of section 3 of the module docstring."""
     k = 512
@@ -213,16 +235,7 @@ def harness_rows_timing() -> tuple:
     results, failures = [], []
     for name, cands in cases:
         row = dict(rows=name)
-        for order in (False, True):
-            out = torch.empty(cands.shape[0], k, dtype=torch.int32, device="cuda")
-            call = lambda o=out, s=order: dsa_ext.stable_topk_from_candidates(  # noqa: E731
-                cands, k, out=o, sorted=s)
-            call()
-            want = reference.stable_topk_from_candidates(cands, k, sorted=order)
-            if not torch.equal(out, want):
-                failures.append(dict(rows=name, sorted=order))
-                print("MISMATCH", failures[-1], flush=True)
-            row["sorted_us" if order else "default_us"] = round(graph_us([call]), 2)
+        checked_times([cands], k, row, failures)
         print(row, flush=True)
         results.append(row)
     return results, failures
@@ -237,7 +250,7 @@ def score_kinds_timing() -> tuple:
     K = k = 2048
     results, failures = [], []
     for W, rows in ((2, 64), (2, 256), (2, 1024), (4, 1024)):
-        copies = max(2, min(8, (64 << 20) // (W * rows * K * 8)))  # > L2 in all
+        copies = l2_copies(W, rows, K)
         for kind in SCORE_KINDS:
             if kind == "harness":
                 inputs = [harness_rows(torch.Generator(device="cuda").manual_seed(100 + c),
@@ -245,16 +258,7 @@ def score_kinds_timing() -> tuple:
             else:
                 inputs = [make_rows(kind, W, rows, K, k, g).cuda() for _ in range(copies)]
             row = dict(W=W, rows=rows, kind=kind)
-            for order in (False, True):
-                outs = [torch.empty(rows, k, dtype=torch.int32, device="cuda") for _ in inputs]
-                calls = [lambda c=c, o=o, s=order: dsa_ext.stable_topk_from_candidates(
-                    c, k, out=o, sorted=s) for c, o in zip(inputs, outs)]
-                calls[0]()
-                want = reference.stable_topk_from_candidates(inputs[0], k, sorted=order)
-                if not torch.equal(outs[0], want):
-                    failures.append(dict(W=W, rows=rows, kind=kind, sorted=order))
-                    print("MISMATCH", failures[-1], flush=True)
-                row["sorted_us" if order else "default_us"] = round(graph_us(calls), 2)
+            checked_times(inputs, k, row, failures)
             print(row, flush=True)
             results.append(row)
     return results, failures
