@@ -186,4 +186,4 @@ fi
   echo "== steps"
   for name in "${!STATUS[@]}"; do echo "$name ${STATUS[$name]}"; done | sort
 } | tee -a "$LOG"
-for name in "${!STATUS[@]}"; do [ "${STATUS[$name]}" = 0 ] || exit 1; done
+steps_passed || exit 1

@@ -31,13 +31,8 @@ if [ -d "$REPO/cute_dsl_aot/out" ] && [ -z "${DSA_EXT_CUBIN_DIR:-}" ]; then
   export DSA_EXT_CUBIN_DIR="$REPO/cute_dsl_aot/out"
 fi
 PY=python3
-# Spread the test suite over workers when pytest-xdist is there: half the cores, at most 8
-# (on the H100 machine's 16 cores, 8 workers ran the 728 CUDA tests in 35 s, each worker's
-# CPU references on its share of the cores: RESULTS.md, thirty-third session).
-XDIST=""
-WORKERS=$(( $(nproc) / 2 < 8 ? $(nproc) / 2 : 8 ))
-$PY -c "import xdist" 2>/dev/null && [ "$WORKERS" -ge 2 ] && XDIST="-n $WORKERS"
 . "$REPO/tools/steps.sh"
+XDIST="$(xdist_args $PY)"  # the test suite spread over workers when pytest-xdist is there
 
 {
   date -u +"%Y-%m-%dT%H:%M:%SZ"
@@ -50,8 +45,7 @@ $PY -c "import xdist" 2>/dev/null && [ "$WORKERS" -ge 2 ] && XDIST="-n $WORKERS"
 
 if [ -n "${DSA_EXT_PREBUILT:-}" ]; then  # packed elsewhere (tools/pack_prebuilt.sh): no build
   SITE="$($PY -c 'import site; print(site.getsitepackages()[0])')"
-  step build build.log bash -c 'rm -rf "$1"/dsa_ext "$1"/dsa_ext-*.dist-info &&
-    tar -xJvf "$2" -C "$1"' _ "$SITE" "$DSA_EXT_PREBUILT"
+  step build build.log install_packed "$SITE" "$DSA_EXT_PREBUILT"
 else
   step build build.log $PY -m pip install --no-build-isolation --no-deps -v \
     ${DSA_EXT_ARCHS:+-Ccmake.define.CMAKE_CUDA_ARCHITECTURES=$DSA_EXT_ARCHS} "$REPO"
@@ -130,7 +124,4 @@ json.dump({"environment": head, "status": status, "bench": bench},
 print("summary:", status)
 EOF
 tail -n 25 "$OUT/bench.txt" 2>/dev/null
-for s in build selfcheck pytest sanitizer racecheck racecheck_topk initcheck bench side_by_side \
-         topk_side_by_side deepgemm; do
-  [ "${STATUS[$s]}" = 0 ] || exit 1
-done
+steps_passed || exit 1

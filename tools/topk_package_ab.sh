@@ -8,8 +8,8 @@
 #      alternation puts each package first once: times drift between runs);
 #   3. with TESTS_B (B's tests/ folder, carried): B's CUDA tests of the stable top-K, then
 #      racecheck and memcheck of its rank sort (-k rank_sort, the sanitizer profile).
-# OUT_DIR gets the logs (each step with its exit code and seconds; the self-checks in
-# steps.log) and lab_*.json. Exit code 1 if any step failed.
+# OUT_DIR gets the logs (each step with its exit code and seconds; the installs and the
+# self-checks in steps.log) and lab_*.json. Exit code 1 if any step failed.
 # Afterwards, the merge beside vLLM's CuTeDSL kernel takes B the same way:
 #   PYTHONPATH=~/.dsa_ext_ab/b:<CuTeDSL> python3 side_by_side.py --only merge
 # (../shared/peers/README.md: CuTeDSL goes over in two calls).
@@ -29,8 +29,9 @@ export PYTHONUNBUFFERED=1
 
 SITE="$(python3 -c 'import site; print(site.getsitepackages()[0])')"
 B_DIR="$HOME/.dsa_ext_ab/b"
-rm -rf "$SITE"/dsa_ext "$SITE"/dsa_ext-*.dist-info "$B_DIR" && mkdir -p "$B_DIR" &&
-  tar -xJf "$PKG_A" -C "$SITE" && tar -xJf "$PKG_B" -C "$B_DIR" || exit 1
+step install_a steps.log install_packed "$SITE" "$PKG_A"
+step install_b steps.log install_packed "$B_DIR" "$PKG_B"
+steps_passed || exit 1
 
 cd /tmp  # the installed packages, not the source tree, are imported
 LAB=(python3 "$REPO/tools/topk_lab.py")
@@ -43,9 +44,7 @@ step lab_b lab_b.log env PYTHONPATH="$B_DIR" "${LAB[@]}" --quick --json "$OUT/la
 step lab_a lab_a.log "${LAB[@]}" --quick --json "$OUT/lab_a.json"
 if [ -n "$TESTS_B" ]; then
   PYTEST=(python3 -m pytest -q -ra -p no:cacheprovider --rootdir "$REPO" -c "$REPO/pyproject.toml")
-  XDIST=""
-  python3 -c "import xdist" 2>/dev/null && XDIST="-n 8"
-  step tests_b tests_b.log env PYTHONPATH="$B_DIR" timeout -s INT 240 "${PYTEST[@]}" $XDIST \
+  step tests_b tests_b.log env PYTHONPATH="$B_DIR" timeout -s INT 240 "${PYTEST[@]}" $(xdist_args) \
     -m cuda "$TESTS_B/test_stable_topk.py"
   for tool in racecheck memcheck; do
     step "${tool}_b" "${tool}_b.log" env PYTHONPATH="$B_DIR" DSA_EXT_HYPOTHESIS_PROFILE=sanitizer \
@@ -53,8 +52,4 @@ if [ -n "$TESTS_B" ]; then
       -k rank_sort "$TESTS_B/test_stable_topk.py"
   done
 fi
-failed=0
-for name in "${!STATUS[@]}"; do
-  [ "${STATUS[$name]}" -eq 0 ] || failed=1
-done
-exit $failed
+steps_passed || exit 1
